@@ -1,0 +1,358 @@
+"""GRPO: group advantages, token log-probs, the clipped surrogate with dual clip, the k3 KL
+penalty, token-mean aggregation and the (mini-/micro-)batched update.
+
+Everything follows DESIGN.md §2 and the paper's reference implementation (a fork of the
+verl RL framework: `compute_policy_loss`, `kl_penalty` and `agg_loss` in
+verl/trainer/ppo/core_algos.py, `update_policy` in verl/workers/actor/dp_actor.py, and
+the K&K launch scripts for the defaults). The code is written from the formulas; the
+comments say where a choice reproduces the reference and where it deliberately differs.
+
+Notation (paper): pi_theta is the policy being trained, pi_old the policy that sampled
+the responses, rho_t = pi_theta(o_t) / pi_old(o_t), A_t the token advantage, pi_ref the
+frozen initial policy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import position_ids_from_mask
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass
+class GRPOConfig:
+    """All GRPO defaults, with where they come from.
+
+    Reference = the AR-Lopti K&K launch scripts (scripts/train_kklogic_*_4x80GB.sh) and
+    the verl config / workers of that fork. DESIGN.md §4 summarises them.
+    """
+
+    group_size: int = 8            # rollout.n = 8 responses per prompt
+    temperature: float = 0.7       # rollout temperature; also divides logits in training
+    lr: float = 1e-6               # actor.optim.lr (reference runs; a tiny model needs more)
+    betas: tuple = (0.9, 0.999)    # verl AdamW default betas
+    weight_decay: float = 0.01     # verl AdamW default weight_decay (1e-2)
+    grad_clip: float = 1.0         # actor.grad_clip: clip the global grad norm to 1.0
+    eps_low: float = 0.20          # clip_ratio_low: rho >= 1 - 0.20
+    eps_high: float = 0.24         # clip_ratio_high: rho <= 1 + 0.24 ("clip-higher")
+    clip_c: float = 10.0           # clip_ratio_c: dual clip, loss <= -A * c when A < 0
+    kl_coef: float = 0.001         # kl_loss_coef, with use_kl_loss = True
+    kl_type: str = "low_var_kl"    # k3 estimator, clamped to [-10, 10]
+    loss_agg_mode: str = "token-mean"   # or "seq-mean-token-mean"
+    mini_batch_size: int = 256     # responses per optimizer step (ppo_mini_batch_size=256;
+                                   # the fork does not multiply it by n), so a 64x8 batch
+                                   # makes 2 optimizer steps
+    micro_batch_size: int = 32     # responses per forward/backward (ppo_micro_batch_size=32);
+                                   # only memory depends on it under grad_accum="global"
+    grad_accum: str = "global"     # "global": exact whole-mini-batch token-mean;
+                                   # "verl": the reference's per-micro-batch mean (see below)
+    ppo_epochs: int = 1            # one pass over the batch per rollout
+    adv_eps: float = 1e-6          # std + 1e-6 in the group advantage
+    entropy_coef: float = 0.0      # entropy_coeff = 0 in the reference; not implemented
+
+
+def make_optimizer(model, config: GRPOConfig) -> torch.optim.AdamW:
+    """AdamW as in the reference actor (lr, betas, weight decay from the config)."""
+    return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas),
+                             weight_decay=config.weight_decay)
+
+
+# ------------------------------------------------------------------- advantages
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO outcome advantage, one value per response (paper §2, GRPO):
+
+        A_i = (r_i - mean(r_group)) / (std(r_group) + eps),   std unbiased (n - 1).
+
+    rewards: [B] group-major (rows g*G .. g*G+G-1 share a prompt). Returns [B].
+
+    A group whose rewards are all equal gets exactly 0. (r - mean) alone is not always
+    exactly 0 in floating point -- the mean of eight 0.1s is not 0.1 -- and dividing such
+    a rounding residue by eps = 1e-6 would give a spurious advantage, so equal groups are
+    zeroed explicitly.
+    """
+    if group_size < 2:
+        # verl falls back to mean 0 / std 1 for a singleton group; a group of one has no
+        # relative signal, so we refuse rather than silently train on raw rewards.
+        raise ValueError("GRPO needs group_size >= 2")
+    r = rewards.float().view(-1, group_size)
+    mean = r.mean(dim=1, keepdim=True)
+    std = r.std(dim=1, keepdim=True, unbiased=True)
+    adv = (r - mean) / (std + eps)
+    constant = (r == r[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(adv), adv).view(-1)
+
+
+def token_advantages(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Broadcast one advantage per response to its tokens: [B] -> [B, R], 0 on padding."""
+    return adv.view(-1, 1) * response_mask
+
+
+# ----------------------------------------------------------------- log-probs
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   prompt_len: int, temperature: float) -> torch.Tensor:
+    """log pi(o_t) of the response tokens with logits / temperature: [B, R].
+
+    The logits at position P-1+t predict response token t. We ask the model for the last
+    R+1 positions only (`logits_to_keep`), so neither the [B, P, V] prompt logits nor a
+    full log_softmax over them is ever built. Position ids skip the left padding exactly
+    as in sampling. Padding positions get an arbitrary value; callers mask them.
+    """
+    R = input_ids.shape[1] - prompt_len
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=position_ids_from_mask(attention_mask),
+                use_cache=False, logits_to_keep=R + 1)
+    logits = out.logits[:, -(R + 1):-1, :].float() / temperature     # [B, R, V]
+    targets = input_ids[:, prompt_len:].unsqueeze(-1)
+    # log_softmax(z)_y = z_y - logsumexp(z): avoids materialising a second [B, R, V].
+    return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+# ------------------------------------------------------------------------ losses
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) per token (DESIGN.md §2):
+
+        k3 = exp(ref - logp) - (ref - logp) - 1,   clamped to [-10, 10].
+
+    Non-negative, zero when the policies agree. As in current verl `kl_penalty`, the
+    log-ratio is clamped to [-20, 20] before the exp so that exp never overflows (an inf
+    would turn the clamp's zero gradient into NaN); any |log-ratio| > 20 already saturates
+    the outer clamp, so this does not change any finite value.
+    """
+    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
+
+
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+              num_tokens: float | None = None, num_seqs: float | None = None,
+              denom_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce a [B, R] per-token loss to a scalar (verl `agg_loss`).
+
+    token-mean:          sum over valid tokens / number of valid tokens.
+    seq-mean-token-mean: mean over sequences of (sum over its tokens / its token count).
+
+    `mask` selects the tokens in the numerator. `denom_mask` (default: `mask`) selects
+    the tokens that are counted in the denominator -- they differ for a Lopti stage, where
+    the reference keeps the other stage's tokens in the count. num_tokens / num_seqs
+    override the denominators: a micro-batch passes the counts of its whole mini-batch, so
+    that summing the micro-batch losses gives exactly the mini-batch loss and gradient.
+    """
+    denom_mask = mask if denom_mask is None else denom_mask
+    if mode == "token-mean":
+        denom = denom_mask.sum() if num_tokens is None else num_tokens
+        return (loss_mat * mask).sum() / max(float(denom), 1.0)
+    if mode == "seq-mean-token-mean":
+        per_seq = (loss_mat * mask).sum(-1) / denom_mask.sum(-1).clamp_min(1.0)
+        denom = denom_mask.shape[0] if num_seqs is None else num_seqs
+        return per_seq.sum() / max(float(denom), 1.0)
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                eps_low: float = 0.20, eps_high: float = 0.24, clip_c: float = 10.0):
+    """Per-token clipped surrogate with asymmetric clip and dual clip (paper Eq. 1, the
+    GRPO objective, as implemented by verl `compute_policy_loss` with `clip_ratio_c`):
+
+        rho   = exp(logp - old_logp)
+        L_clip = max(-A * rho, -A * clip(rho, 1 - eps_low, 1 + eps_high))
+        L     = min(L_clip, -A * c)   if A < 0   (dual clip: a huge rho on a bad token
+                L_clip                otherwise   cannot make the loss unbounded)
+
+    Returns (loss [B, R], stats) where stats holds per-token tensors for metrics:
+    ratio, clipped (the clip bound was active), dual_clipped.
+    The log-ratio is clamped to [-20, 20] before exp, as the reference does.
+    """
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    clip_loss = torch.maximum(loss1, loss2)
+    loss3 = -advantages * clip_c
+    dual_loss = torch.minimum(clip_loss, loss3)
+    loss = torch.where(advantages < 0, dual_loss, clip_loss)
+    stats = {
+        "ratio": ratio.detach(),
+        "clipped": (loss2 > loss1).detach(),
+        "dual_clipped": ((clip_loss > loss3) & (advantages < 0)).detach(),
+    }
+    return loss, stats
+
+
+# ------------------------------------------------------------------------ update
+
+
+def _rows(batch: dict, idx: slice) -> dict:
+    """Slice the per-row tensors of a batch dict."""
+    return {k: (v[idx] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in batch.items()}
+
+
+def batch_from_rollout(rollout, advantages: torch.Tensor) -> dict:
+    """The dict grpo_update consumes. advantages: [B] per response or [B, R] per token
+    (e.g. after `reweight_advantages`)."""
+    if advantages.dim() == 1:
+        advantages = token_advantages(advantages, rollout.response_mask)
+    return {
+        "input_ids": rollout.input_ids,
+        "attention_mask": rollout.attention_mask,
+        "response_mask": rollout.response_mask.float(),
+        "old_logprobs": rollout.old_logprobs,
+        "advantages": advantages,
+        "prompt_len": rollout.prompt_len,
+    }
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: dict, config: GRPOConfig) -> torch.Tensor:
+    """log-probs of a batch's response tokens, in micro-batches, without grad: the frozen
+    reference policy's log pi_ref, or a recomputed log pi_old. 0 on padding."""
+    was_training = model.training
+    model.eval()
+    B = batch["input_ids"].shape[0]
+    parts = []
+    for s in range(0, B, config.micro_batch_size):
+        mb = _rows(batch, slice(s, s + config.micro_batch_size))
+        parts.append(token_logprobs(model, mb["input_ids"], mb["attention_mask"],
+                                   batch["prompt_len"], config.temperature))
+    model.train(was_training)
+    return torch.cat(parts, 0) * batch["response_mask"]
+
+
+def _micro_batch_loss(model, batch, mb, advantages, ref_logp, train_mask, denom_mask,
+                      config: GRPOConfig, n_tok, n_seq, n_micro):
+    """The loss of one micro-batch (rows `mb`), scaled so that the micro-batch losses of
+    a mini-batch add up to the mini-batch loss, and its metrics."""
+    logp = token_logprobs(model, batch["input_ids"][mb], batch["attention_mask"][mb],
+                          batch["prompt_len"], config.temperature)
+    pg, st = policy_loss(logp, batch["old_logprobs"][mb], advantages[mb],
+                         config.eps_low, config.eps_high, config.clip_c)
+    kl = torch.zeros_like(pg)
+    if ref_logp is not None:
+        kl = kl_k3(logp, ref_logp[mb])
+    per_token = pg + config.kl_coef * kl
+    # Masked tokens contribute 0 to the numerator; `dm` decides the denominator.
+    tm, dm = train_mask[mb], denom_mask[mb]
+    if config.grad_accum == "global":
+        loss = aggregate(per_token, tm, config.loss_agg_mode, n_tok, n_seq, dm)
+    elif config.grad_accum == "verl":
+        loss = aggregate(per_token, tm, config.loss_agg_mode, denom_mask=dm) / n_micro
+    else:
+        raise ValueError(f"unknown grad_accum {config.grad_accum!r}")
+    with torch.no_grad():
+        ntm = float(tm.sum())
+        ratio = st["ratio"][tm > 0]
+        stats = {
+            "pg_loss": float(aggregate(pg, tm, config.loss_agg_mode, denom_mask=dm)),
+            "kl": float((kl * tm).sum()) / max(ntm, 1.0),
+            "clip_frac": float((st["clipped"] * tm).sum()) / max(ntm, 1.0),
+            "dual_clip_frac": float((st["dual_clipped"] * tm).sum()) / max(ntm, 1.0),
+            "n_tok": ntm,
+            "ratio_sum": float(ratio.sum()),
+            "ratio_min": float(ratio.min()) if ntm else math.inf,
+            "ratio_max": float(ratio.max()) if ntm else -math.inf,
+        }
+    return loss, stats
+
+
+def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
+                token_mask: torch.Tensor | None = None, denominator: str = "all") -> dict:
+    """One GRPO update on a rollout batch: mini-batches, each its own optimizer step, each
+    made of micro-batches whose gradients accumulate.
+
+    model       the policy pi_theta (trained in place).
+    ref         the frozen reference policy (a model), or its precomputed log-probs [B, R],
+                or None when config.kl_coef == 0.
+    batch       dict from `batch_from_rollout`: input_ids, attention_mask, response_mask,
+                old_logprobs, advantages [B, R] (token-level), prompt_len.
+    token_mask  [B, R] optional: the tokens this update trains on (Lopti's stage masks).
+                Outside it the advantage is 0 and the KL term is masked, exactly like the
+                reference, which zeroes `advantages` and multiplies the KL by a mask.
+    denominator "all" (default, faithful to the reference): masked tokens still count in
+                the token-mean denominator, so an update that trains on a fraction f of the
+                tokens is scaled by f. "masked": divide by the trained tokens only.
+
+    Loss per mini-batch (token-mean):  sum_t m_t * (L_pg,t + kl_coef * k3_t) / N_tokens.
+
+    Gradient accumulation. With grad_accum="global" each micro-batch's summed loss is
+    divided by the token count of the whole mini-batch, so the accumulated gradient equals
+    the whole-mini-batch gradient exactly. The reference (verl dp_actor.update_policy)
+    instead takes each micro-batch's own token-mean and divides it by the number of
+    micro-batches (and FSDP then averages the 4 GPUs): a mean of per-micro-batch means,
+    which weights tokens of short micro-batches more. grad_accum="verl" reproduces that.
+
+    Returns metrics: loss (mean over mini-batches); pg_loss, kl, clip_frac,
+    dual_clip_frac (means over micro-batches); ratio_mean/min/max (over trained
+    tokens); grad_norm (pre-clip, mean over optimizer steps); n_steps.
+    """
+    model.train()
+    B = batch["input_ids"].shape[0]
+    resp = batch["response_mask"].float()
+    train_mask = resp if token_mask is None else resp * token_mask.float()
+    denom_mask = resp if denominator == "all" else train_mask
+    if denominator not in ("all", "masked"):
+        raise ValueError(f"unknown denominator {denominator!r}")
+    advantages = batch["advantages"] * train_mask
+
+    use_kl = config.kl_coef != 0.0
+    ref_logp = None
+    if use_kl:
+        if ref is None:
+            raise ValueError("kl_coef != 0 needs a reference model or reference log-probs")
+        ref_logp = ref if torch.is_tensor(ref) else batch_logprobs(ref, batch, config)
+
+    sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0,
+            "ratio_mean": 0.0, "grad_norm": 0.0}
+    ratio_min, ratio_max = math.inf, -math.inf
+    n_micro, n_steps, n_ratio_tok = 0, 0, 0.0
+    for _ in range(config.ppo_epochs):
+        for ms in range(0, B, config.mini_batch_size):
+            mini = slice(ms, min(ms + config.mini_batch_size, B))
+            if train_mask[mini].sum() == 0:
+                # Nothing to train on (e.g. an empty Lopti stage): make no optimizer step,
+                # so AdamW's momentum and weight decay do not move the weights. The
+                # reference would still step on a zero gradient; see lopti.py.
+                continue
+            n_tok = float(denom_mask[mini].sum())
+            n_seq = float(mini.stop - mini.start)
+            mb_starts = range(mini.start, mini.stop, config.micro_batch_size)
+            optimizer.zero_grad(set_to_none=True)
+            for s in mb_starts:
+                mb = slice(s, min(s + config.micro_batch_size, mini.stop))
+                loss, st = _micro_batch_loss(model, batch, mb, advantages, ref_logp,
+                                             train_mask, denom_mask, config, n_tok, n_seq,
+                                             len(mb_starts))
+                loss.backward()
+                sums["loss"] += float(loss.detach())
+                for k in ("pg_loss", "kl", "clip_frac", "dual_clip_frac"):
+                    sums[k] += st[k]
+                if st["n_tok"] > 0:
+                    sums["ratio_mean"] += st["ratio_sum"]
+                    n_ratio_tok += st["n_tok"]
+                    ratio_min = min(ratio_min, st["ratio_min"])
+                    ratio_max = max(ratio_max, st["ratio_max"])
+                n_micro += 1
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            sums["grad_norm"] += float(grad_norm)
+            n_steps += 1
+    optimizer.zero_grad(set_to_none=True)
+
+    # The micro-batch losses of a mini-batch add up to its loss: average over mini-batches.
+    metrics = {"loss": sums["loss"] / max(n_steps, 1)}
+    metrics.update({k: v / max(n_micro, 1) for k, v in sums.items()
+                    if k not in ("loss", "ratio_mean", "grad_norm")})
+    metrics["ratio_mean"] = sums["ratio_mean"] / max(n_ratio_tok, 1.0)
+    metrics["ratio_min"] = ratio_min if n_ratio_tok else float("nan")
+    metrics["ratio_max"] = ratio_max if n_ratio_tok else float("nan")
+    metrics["grad_norm"] = sums["grad_norm"] / max(n_steps, 1)
+    metrics["n_steps"] = n_steps
+    return metrics

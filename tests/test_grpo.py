@@ -1,0 +1,229 @@
+"""GRPO (issue 4, item 2, and the pitfalls of DESIGN.md §5, test e)."""
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lopti_minimal.grpo import (GRPOConfig, aggregate, batch_from_rollout, group_advantages,
+                                grpo_update, kl_k3, make_optimizer, policy_loss,
+                                token_logprobs)
+from lopti_minimal.sampling import sample_groups
+
+EOS, PAD, BOS = 1, 0, 2
+PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
+G = 4
+
+
+def tiny_llama(seed=0, init=0.4):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
+                      pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+class GradRecorder(torch.optim.SGD):
+    """SGD that keeps a copy of the gradient it is asked to apply at every step."""
+
+    def __init__(self, params, lr=0.0):
+        super().__init__(params, lr=lr)
+        self.grads = []
+
+    def step(self, closure=None):
+        self.grads.append([p.grad.detach().clone() if p.grad is not None else None
+                           for g in self.param_groups for p in g["params"]])
+        return super().step(closure)
+
+
+def flat(grads):
+    return torch.cat([g.flatten() for g in grads if g is not None])
+
+
+def rollout_batch(model, seed=0, temperature=0.7):
+    r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=temperature,
+                      eos_token_id=EOS, pad_token_id=PAD,
+                      generator=torch.Generator().manual_seed(seed))
+    rewards = torch.tensor([3.0, -0.5, -1.0, 3.0,  -3.0, -3.0, -3.0, -3.0,  3.0, -1.0, -0.5, -0.5])
+    return r, batch_from_rollout(r, group_advantages(rewards, G))
+
+
+# ------------------------------------------------------------------ advantages
+
+def test_group_advantages_values_and_zero_variance():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0,  0.1, 0.1, 0.1, 0.1,  3.0, 3.0, -3.0, -0.5])
+    a = group_advantages(rewards, 4)
+    g0 = torch.tensor([1.0, 0, 0, 0])
+    expect0 = (g0 - g0.mean()) / (g0.std(unbiased=True) + 1e-6)
+    assert torch.allclose(a[:4], expect0)
+    assert torch.equal(a[4:8], torch.zeros(4))        # 0.1 * 4: exactly 0, not residue/eps
+    assert torch.isfinite(a).all()
+    assert abs(float(a[8:].sum())) < 1e-5
+    # unbiased std: the sample std of [1,0,0,0] is 0.5, its population std 0.433
+    assert torch.allclose(a[0], torch.tensor(0.75 / 0.5), atol=1e-5)
+    with pytest.raises(ValueError):
+        group_advantages(rewards, 1)
+
+
+# ----------------------------------------------------------------------- losses
+
+def test_policy_loss_asymmetric_and_dual_clip():
+    A = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0])
+    ratio = torch.tensor([1.5, 0.5, 1.1, 0.5, 1.5, 20.0, 5.0])
+    logp = ratio.log().requires_grad_()
+    loss, st = policy_loss(logp, torch.zeros(7), A, 0.20, 0.24, 10.0)
+    expect = torch.tensor([-1.24,   # A>0, rho above 1+0.24: clipped at 1.24
+                           -0.5,    # A>0, rho low: unclipped (pessimistic min)
+                           -1.1,    # inside the trust region
+                           0.8,     # A<0, rho below 1-0.2: clipped at 0.8
+                           1.5,     # A<0, rho high: unclipped
+                           10.0,    # A<0, rho = 20: dual clip caps the loss at -A*c = 10
+                           5.0])    # A<0, rho = 5 < c: not dual-clipped
+    assert torch.allclose(loss, expect, atol=1e-6)
+    assert st["clipped"].tolist() == [True, False, False, True, False, False, False]
+    assert st["dual_clipped"].tolist() == [False, False, False, False, False, True, False]
+    loss.sum().backward()
+    g = logp.grad
+    assert g[0] == 0 and g[3] == 0 and g[5] == 0          # clipped tokens get no gradient
+    assert torch.allclose(g[[1, 2, 4, 6]], (-A * ratio)[[1, 2, 4, 6]])
+
+
+def test_kl_k3_zero_nonneg_clamped_and_finite():
+    x = torch.randn(1000)
+    assert torch.equal(kl_k3(x, x), torch.zeros(1000))
+    y = torch.randn(1000)
+    k = kl_k3(x, y)
+    assert (k >= 0).all()
+    d = y - x
+    assert torch.allclose(k, (d.exp() - d - 1).clamp(-10, 10))
+    logp = torch.tensor([-200.0, 0.0, -1.0], requires_grad=True)
+    k = kl_k3(logp, torch.tensor([0.0, -200.0, -1.5]))
+    assert k[0] == 10 and k[1] == 10                     # clamped, both directions
+    k.sum().backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[0] == 0 and logp.grad[1] == 0
+
+
+def test_token_mean_vs_seq_mean_token_mean():
+    loss = torch.tensor([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 0]])
+    assert aggregate(loss, mask, "token-mean") == pytest.approx(8 / 5)
+    assert aggregate(loss, mask, "seq-mean-token-mean") == pytest.approx((1 + 4) / 2)
+
+
+# ------------------------------------------------------------------ pitfalls
+
+def test_token_logprobs_match_sampler_at_temperature():
+    model = tiny_llama().eval()
+    for T in (0.7, 1.0):
+        r, b = rollout_batch(model, temperature=T)
+        with torch.no_grad():
+            lp = token_logprobs(model, r.input_ids, r.attention_mask, r.prompt_len, T)
+        m = r.response_mask > 0
+        assert (lp[m] - r.old_logprobs[m]).abs().max() < 1e-4
+    # the wrong temperature is visibly wrong: the test can fail
+    with torch.no_grad():
+        lp1 = token_logprobs(model, r.input_ids, r.attention_mask, r.prompt_len, 0.7)
+    assert (lp1[m] - r.old_logprobs[m]).abs().max() > 1e-2
+
+
+def test_ratio_exactly_one_at_first_update():
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    ref = copy.deepcopy(model)
+    cfg = GRPOConfig(lr=1e-3, mini_batch_size=len(b["input_ids"]), micro_batch_size=5)
+    m = grpo_update(model, ref, make_optimizer(model, cfg), b, cfg)
+    assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
+    assert m["clip_frac"] == 0 and m["n_steps"] == 1
+    # KL against an identical frozen reference is zero
+    assert m["kl"] < 1e-8
+    # ... and the update really moved the policy: a second pass sees ratios != 1
+    m2 = grpo_update(model, ref, make_optimizer(model, cfg), b, cfg)
+    assert max(abs(m2["ratio_min"] - 1), abs(m2["ratio_max"] - 1)) > 1e-3
+    assert m2["kl"] > 0
+
+
+def _grad(model, b, cfg, ref=None, **kw):
+    opt = GradRecorder(model.parameters())
+    grpo_update(model, ref, opt, b, cfg, **kw)
+    return flat(opt.grads[0])
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_reproduce_whole_batch_gradient(mode):
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    B = len(b["input_ids"])
+    lengths = r.response_mask.sum(1)
+    assert lengths.min() < lengths.max()          # unequal lengths make the test bite
+    # A perturbed reference so that the KL term has a gradient too.
+    ref = tiny_llama(seed=1)
+    whole = GRPOConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=B, loss_agg_mode=mode,
+                       grad_clip=1e9)
+    micro = GRPOConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=5, loss_agg_mode=mode,
+                       grad_clip=1e9)
+    g_whole = _grad(model, b, whole, ref)
+    g_micro = _grad(model, b, micro, ref)
+    assert (g_whole - g_micro).abs().max() <= 1e-5 * g_whole.abs().max()
+    if mode == "token-mean":
+        # The reference's mean of per-micro-batch token-means differs when micro-batches
+        # hold different numbers of tokens (the reason "global" is the default).
+        verl = GRPOConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=5,
+                          loss_agg_mode=mode, grad_clip=1e9, grad_accum="verl")
+        g_verl = _grad(model, b, verl, ref)
+        assert (g_whole - g_verl).abs().max() > 1e-2 * g_whole.abs().max()
+
+
+def test_mini_batches_make_separate_optimizer_steps():
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    torch.manual_seed(0)
+    b["advantages"] = torch.randn(12, 1) * r.response_mask
+    cfg = GRPOConfig(mini_batch_size=4, micro_batch_size=2)
+    opt = GradRecorder(model.parameters(), lr=1.0)
+    m = grpo_update(model, copy.deepcopy(model), opt, b, cfg)
+    assert m["n_steps"] == 3 and len(opt.grads) == 3
+    assert m["ratio_max"] > 1 + 1e-4 or m["ratio_min"] < 1 - 1e-4   # later steps see moves
+
+
+def test_padding_is_ignored_and_eos_is_trained():
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    cfg = GRPOConfig(kl_coef=0.1, mini_batch_size=12, micro_batch_size=12)
+    ref = tiny_llama(seed=1)
+    g = _grad(model, b, cfg, ref)
+    pad = r.response_mask == 0
+    assert pad.any()
+    junk = dict(b)
+    junk["advantages"] = torch.where(pad, torch.full_like(b["advantages"], 7.0), b["advantages"])
+    junk["old_logprobs"] = torch.where(pad, torch.full_like(b["old_logprobs"], -3.0),
+                                       b["old_logprobs"])
+    assert torch.equal(_grad(model, junk, cfg, ref), g)       # padding never counts
+    eos = (r.response_ids == EOS) & (r.response_mask > 0)
+    assert eos.any()
+    moved = dict(b)
+    moved["advantages"] = torch.where(eos, b["advantages"] + 5.0, b["advantages"])
+    assert not torch.allclose(_grad(model, moved, cfg, ref), g)   # the sampled EOS does
+
+
+def test_pad_equal_to_eos_end_to_end():
+    # With pad == eos the EOS token must still carry gradient.
+    model = tiny_llama()
+    r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=0.7,
+                      eos_token_id=EOS, pad_token_id=EOS,
+                      generator=torch.Generator().manual_seed(0))
+    b = batch_from_rollout(r, torch.zeros(len(r.input_ids)))
+    eos = (r.response_ids == EOS) & (r.response_mask > 0)
+    assert eos.any() and ((r.response_ids == EOS) & (r.response_mask == 0)).any()
+    b["advantages"] = eos.float()                     # only the EOS tokens have advantage
+    cfg = GRPOConfig(kl_coef=0.0, mini_batch_size=12, micro_batch_size=12)
+    assert _grad(model, b, cfg).norm() > 0
+
+
+def test_zero_advantages_and_identical_ref_give_zero_gradient():
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    b["advantages"] = torch.zeros_like(b["advantages"])
+    cfg = GRPOConfig(mini_batch_size=12, micro_batch_size=4)
+    g = _grad(model, b, cfg, copy.deepcopy(model))
+    assert g.abs().max() < 1e-6

@@ -1,0 +1,160 @@
+"""Issue 4 test (d): Lopti, paper Algorithm 1."""
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, group_advantages, grpo_update,
+                                make_optimizer)
+from lopti_minimal.lopti import lopti_update, split_by_probability
+from lopti_minimal.reweight import reweight_advantages
+from lopti_minimal.sampling import sample_groups
+
+EOS, PAD, BOS = 1, 0, 2
+PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
+G = 4
+REWARDS = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, 3.0, -1.0, -0.5, 3.0, -1.0, -0.5, -0.5])
+ETA = 0.5
+
+
+def tiny_llama(seed=0, init=0.4):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
+                      pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+class Recorder(torch.optim.SGD):
+    """SGD that records, at each step, the gradient and the parameters it starts from."""
+
+    def __init__(self, params, lr=0.0):
+        super().__init__(params, lr=lr)
+        self.grads, self.params = [], []
+
+    def step(self, closure=None):
+        ps = [p for g in self.param_groups for p in g["params"]]
+        self.grads.append(torch.cat([p.grad.flatten() for p in ps]).clone())
+        self.params.append(torch.cat([p.detach().flatten() for p in ps]).clone())
+        return super().step(closure)
+
+
+def close(a, b, tol=1e-5):
+    """Equal up to float32 rounding, relative to the vector's scale."""
+    return float((a - b).abs().max()) <= tol * float(b.abs().max())
+
+
+def setup():
+    model = tiny_llama()
+    r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=1.0,
+                      eos_token_id=EOS, pad_token_id=PAD,
+                      generator=torch.Generator().manual_seed(0))
+    b = batch_from_rollout(r, group_advantages(REWARDS, G))
+    ref = tiny_llama(seed=1)          # differs from the policy, so the KL term has gradient
+    cfg = GRPOConfig(temperature=1.0, kl_coef=0.05, mini_batch_size=12, micro_batch_size=6,
+                     grad_clip=1e9)
+    return model, r, b, ref, cfg
+
+
+def run(model, b, ref, cfg, lr=0.0, **kw):
+    model = copy.deepcopy(model)
+    opt = Recorder(model.parameters(), lr=lr)
+    metrics = lopti_update(model, ref, opt, b, cfg, **kw)
+    return opt, metrics, model
+
+
+def test_split_partitions_valid_tokens():
+    _, r, b, _, _ = setup()
+    low, high = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    assert torch.equal(low + high, r.response_mask)
+    assert (low * high).sum() == 0
+    p = r.old_logprobs.exp()
+    assert (p[low > 0] < ETA).all() and (p[high > 0] >= ETA).all()
+    assert low.sum() >= 5 and high.sum() >= 5          # both stages have work here
+
+
+def test_stage_gradients_depend_only_on_their_own_tokens():
+    model, r, b, ref, cfg = setup()
+    low, high = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    base, _, _ = run(model, b, ref, cfg)            # lr = 0: both stages at the same params
+    g1, g2 = base.grads
+    bump = torch.randn(b["advantages"].shape, generator=torch.Generator().manual_seed(3))
+    hi_changed, _, _ = run(model, dict(b, advantages=b["advantages"] + bump * high), ref, cfg)
+    lo_changed, _, _ = run(model, dict(b, advantages=b["advantages"] + bump * low), ref, cfg)
+    assert torch.equal(hi_changed.grads[0], g1)                 # stage 1 blind to high tokens
+    assert not close(hi_changed.grads[1], g2, 1e-3)          # ... stage 2 is not
+    assert torch.equal(lo_changed.grads[1], g2)                 # stage 2 blind to low tokens
+    assert not close(lo_changed.grads[0], g1, 1e-3)
+    # Faithful token-mean: each stage keeps the full token count in its denominator, so
+    # at equal parameters the two stage gradients add up to the one GRPO gradient.
+    whole = copy.deepcopy(model)
+    opt = Recorder(whole.parameters())
+    grpo_update(whole, ref, opt, b, cfg)
+    assert close(g1 + g2, opt.grads[0])
+    # The alternative denominator rescales each stage by (all tokens / its tokens).
+    masked, _, _ = run(model, b, ref, cfg, denominator="masked")
+    n, n_low = r.response_mask.sum(), low.sum()
+    assert close(masked.grads[0] * n_low / n, g1)
+
+
+def test_stage_two_starts_from_stage_one_parameters():
+    model, r, b, ref, cfg = setup()
+    lr = 0.5
+    opt, m, trained = run(model, b, ref, cfg, lr=lr)
+    g1, g2 = opt.grads
+    p0, p1 = opt.params
+    assert close(p1, p0 - lr * g1)                # stage 2 sees stage 1's result
+    # Its gradient is the high-token GRPO gradient at those parameters, with the ORIGINAL
+    # old log-probs (not recomputed: faithful to the reference).
+    after1 = copy.deepcopy(model)
+    torch.nn.utils.vector_to_parameters(p1, after1.parameters())
+    low, high = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    check = Recorder(after1.parameters())
+    grpo_update(after1, ref, check, b, cfg, token_mask=high)
+    assert close(check.grads[0], g2)
+    # Old log-probs not recomputed: stage-2 ratios have moved away from 1 ...
+    assert max(abs(m["stage2"]["ratio_max"] - 1), abs(m["stage2"]["ratio_min"] - 1)) > 1e-3
+    assert abs(m["stage1"]["ratio_max"] - 1) < 1e-5
+    # ... unless asked to recompute them.
+    _, m_re, _ = run(model, b, ref, cfg, lr=lr, recompute_old=True)
+    assert abs(m_re["stage2"]["ratio_max"] - 1) < 1e-5 and abs(m_re["stage2"]["ratio_min"] - 1) < 1e-5
+
+
+def test_high_first_order_swaps_the_stages():
+    model, r, b, ref, cfg = setup()
+    low_first, _, _ = run(model, b, ref, cfg)
+    high_first, _, _ = run(model, b, ref, cfg, order="high_first")
+    assert torch.equal(high_first.grads[0], low_first.grads[1])
+    assert torch.equal(high_first.grads[1], low_first.grads[0])
+
+
+@pytest.mark.parametrize("which", ["below_min", "above_one"])
+def test_degenerate_eta_is_one_grpo_update(which):
+    model, r, b, ref, cfg = setup()
+    cfg = GRPOConfig(temperature=1.0, lr=1e-3, kl_coef=0.05, mini_batch_size=6,
+                     micro_batch_size=3)
+    p = r.old_logprobs.exp()[r.response_mask > 0]
+    eta = float(p.min()) if which == "below_min" else 1.01   # all high / all low
+    m_lopti, m_grpo = copy.deepcopy(model), copy.deepcopy(model)
+    out = lopti_update(m_lopti, ref, make_optimizer(m_lopti, cfg), b, cfg, eta=eta)
+    grpo_update(m_grpo, ref, make_optimizer(m_grpo, cfg), b, cfg)
+    assert out["stage1"]["n_steps"] + out["stage2"]["n_steps"] == 2   # one stage only
+    for a, c in zip(m_lopti.parameters(), m_grpo.parameters()):
+        assert torch.allclose(a, c, rtol=0, atol=1e-7)
+    assert any(not torch.equal(a, c) for a, c in zip(m_lopti.parameters(), model.parameters()))
+
+
+def test_composes_with_ar():
+    model, r, b, ref, cfg = setup()
+    Ah = reweight_advantages(b["advantages"], r.old_logprobs, alpha=0.3)
+    ar = dict(b, advantages=Ah)
+    opt, _, _ = run(model, ar, ref, cfg)
+    low, _ = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    twin = copy.deepcopy(model)
+    check = Recorder(twin.parameters())
+    grpo_update(twin, ref, check, ar, cfg, token_mask=low)
+    assert torch.equal(opt.grads[0], check.grads[0])      # stage 1 = low tokens, AR advantages
+    plain, _, _ = run(model, b, ref, cfg)
+    assert not close(plain.grads[0], opt.grads[0], 1e-3)

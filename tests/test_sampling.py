@@ -1,0 +1,153 @@
+"""Grouped sampling (issue 4, item 1 and test e): greedy equals transformers `generate`,
+sampled log-probs equal a fresh teacher-forced forward, EOS / padding masks, layout."""
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lopti_minimal.sampling import position_ids_from_mask, sample_groups
+
+EOS, PAD, BOS = 1, 0, 2
+PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]   # unequal: left padding
+
+
+def tiny_llama(seed=0, init=0.4):
+    """A random 2-layer Llama; init 0.4 makes its distributions peaked enough to give a
+    spread of token probabilities and some sampled EOS tokens."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
+                      pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def teacher_forced_logprobs(model, r, temperature):
+    with torch.no_grad():
+        logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask,
+                       position_ids=position_ids_from_mask(r.attention_mask)).logits
+    P, R = r.prompt_len, r.response_ids.shape[1]
+    lp = torch.log_softmax(logits[:, P - 1:P + R - 1].float() / temperature, -1)
+    return lp.gather(-1, r.response_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _sample(model, seed=0, **kw):
+    args = dict(group_size=4, max_new_tokens=16, temperature=0.7, eos_token_id=EOS,
+                pad_token_id=PAD, generator=torch.Generator().manual_seed(seed))
+    args.update(kw)
+    return sample_groups(model, PROMPTS, **args)
+
+
+def test_greedy_equals_transformers_generate():
+    model = tiny_llama(init=0.1)
+    r = sample_groups(model, PROMPTS, group_size=1, max_new_tokens=20, eos_token_id=EOS,
+                      pad_token_id=PAD, greedy=True)
+    P = r.prompt_len
+    ids, am = r.input_ids[:, :P], r.attention_mask[:, :P]
+    gen = model.generate(input_ids=ids, attention_mask=am, do_sample=False,
+                         max_new_tokens=20, eos_token_id=EOS, pad_token_id=PAD)
+    assert torch.equal(gen[:, P:], r.response_ids)
+
+
+def test_greedy_stops_at_eos_like_generate():
+    # Give EOS a slightly scaled copy of token 40's output row, so EOS wins wherever 40
+    # would be the greedy choice: some rows stop early, others run to the limit, and the
+    # "stop at EOS, pad the rest" path is compared with generate too.
+    model = tiny_llama(init=0.1)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] = model.lm_head.weight[40] * 1.05
+    r = sample_groups(model, PROMPTS, group_size=1, max_new_tokens=12, eos_token_id=EOS,
+                      pad_token_id=PAD, greedy=True)
+    stopped = (r.response_ids == EOS).any(1)
+    assert stopped.any() and not stopped.all(), r.response_ids
+    P = r.prompt_len
+    gen = model.generate(input_ids=r.input_ids[:, :P], attention_mask=r.attention_mask[:, :P],
+                         do_sample=False, max_new_tokens=12, eos_token_id=EOS, pad_token_id=PAD)
+    assert torch.equal(gen[:, P:], r.response_ids)
+
+
+def test_sampled_logprobs_equal_teacher_forced_forward():
+    model = tiny_llama()
+    for kw in (dict(temperature=0.7), dict(temperature=1.3, top_p=0.8, top_k=10)):
+        r = _sample(model, **kw)
+        tf = teacher_forced_logprobs(model, r, kw["temperature"])
+        m = r.response_mask > 0
+        assert (tf[m] - r.old_logprobs[m]).abs().max() < 1e-4
+        assert (r.old_logprobs[~m] == 0).all()
+
+
+def test_greedy_logprobs_use_temperature_one_unless_given():
+    model = tiny_llama()
+    r1 = _sample(model, greedy=True, temperature=None, group_size=1)
+    tf = teacher_forced_logprobs(model, r1, 1.0)
+    m = r1.response_mask > 0
+    assert (tf[m] - r1.old_logprobs[m]).abs().max() < 1e-4
+    r2 = _sample(model, greedy=True, temperature=0.5, group_size=1)
+    assert torch.equal(r1.response_ids, r2.response_ids)             # argmax unchanged
+    assert (teacher_forced_logprobs(model, r2, 0.5)[m] - r2.old_logprobs[m]).abs().max() < 1e-4
+
+
+def _check_masks(r):
+    """Mask is 1 up to and including the first EOS, 0 after; attention mask agrees."""
+    R = r.response_ids.shape[1]
+    stopped = 0
+    for row in range(r.response_ids.shape[0]):
+        ids = r.response_ids[row].tolist()
+        n = ids.index(EOS) + 1 if EOS in ids else R
+        stopped += EOS in ids
+        expect = torch.tensor([1.0] * n + [0.0] * (R - n))
+        assert torch.equal(r.response_mask[row], expect), row
+        assert torch.equal(r.attention_mask[row, r.prompt_len:].float(), expect)
+    return stopped
+
+
+def test_eos_in_mask_padding_out():
+    model = tiny_llama()
+    r = _sample(model)
+    stopped = _check_masks(r)
+    assert 0 < stopped < r.response_ids.shape[0]      # some rows stopped early, some not
+    assert (r.response_ids[r.response_mask == 0] == PAD).all()
+
+
+def test_pad_equal_to_eos_keeps_eos_in_mask():
+    model = tiny_llama()
+    r = _sample(model, pad_token_id=EOS)
+    stopped = _check_masks(r)       # the first EOS is masked in although it equals pad
+    assert stopped > 0
+    assert (r.response_ids[r.response_mask == 0] == EOS).all()
+    # Same samples as with a distinct pad id: pad only affects filled positions.
+    r0 = _sample(model)
+    assert torch.equal(r.response_mask, r0.response_mask)
+    assert torch.equal(r.old_logprobs, r0.old_logprobs)
+
+
+def test_group_major_layout_and_determinism():
+    model = tiny_llama()
+    r = _sample(model)
+    G, P = 4, r.prompt_len
+    assert r.input_ids.shape[0] == len(PROMPTS) * G and r.group_size == G
+    for g, p in enumerate(PROMPTS):
+        rows = r.input_ids[g * G:(g + 1) * G, :P]
+        assert (rows[:, P - len(p):] == torch.tensor(p)).all()       # left padded
+        assert (rows[:, :P - len(p)] == PAD).all()
+        assert (r.attention_mask[g * G:(g + 1) * G, :P].sum(1) == len(p)).all()
+    assert len({tuple(x) for x in r.response_ids.tolist()}) > len(PROMPTS)   # diverse
+    again = _sample(model)
+    assert torch.equal(again.response_ids, r.response_ids)
+    assert torch.equal(again.old_logprobs, r.old_logprobs)
+    other = _sample(model, seed=1)
+    assert not torch.equal(other.response_ids, r.response_ids)
+
+
+def test_top_k_one_is_greedy():
+    model = tiny_llama()
+    a = _sample(model, top_k=1, group_size=2)
+    b = _sample(model, greedy=True, temperature=0.7, group_size=2)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.allclose(a.old_logprobs, b.old_logprobs)
+
+
+def test_static_and_dynamic_cache_agree():
+    model = tiny_llama()
+    a = _sample(model)
+    b = _sample(model, static_cache=False)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
