@@ -1,0 +1,128 @@
+"""Evaluate a policy on Knights & Knaves, as the paper does.
+
+    python eval.py --model runs/<run>                  # a run: its final policy
+    python eval.py --model checkpoints/tiny-warm       # the warm start (the "before")
+    python eval.py --model models/smollm2-135m-instruct --sizes 3 --per-size 20 --max-new-tokens 512
+    python eval.py --model M --data my_puzzles.jsonl   # any K&K JSON Lines file
+    python eval.py --model M --samples 8               # 8 sampled responses per puzzle
+
+Design choices:
+- Greedy by default: the paper's accuracy is the share of puzzles whose greedy response
+  scores 3 under the Logic-RL reward, per size on the official 3..7-person sets (100
+  each), and their mean. --samples K decodes K responses at --temperature instead and
+  reports their mean accuracy (avg@K) and pass@K.
+- The failure modes are reported next to accuracy (format errors, unparseable answers,
+  wrong answers, truncations), because for a small model they explain most changes.
+- The prompt follows the model: a chat template (the paper's Qwen system prompt) when the
+  tokenizer has one, the compact prompt of the tiny model otherwise.
+- Decoding is the rollout sampler (sampling.sample_groups) in greedy mode, batched by
+  size, with a KV cache. On a CPU the tiny model decodes under bf16 autocast, its training
+  numerics (--no-bf16 for float32).
+- The per-size response budget defaults to the run's (or the tiny model's) settings;
+  --max-new-tokens N sets one budget for every size.
+
+Writes a JSON report (default: RUN_DIR/eval-<data>.json for a run, else
+runs/eval/<model>-<time>.json) and prints a table. Bad input: one line, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def one_line_error(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="Greedy / sampled K&K evaluation.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", required=True, help="run directory, HF folder, hub id or .gguf file")
+    ap.add_argument("--data", nargs="+", help="K&K JSON Lines files (default: the official 3..7-person sets)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[3, 4, 5, 6, 7], help="official sets to use")
+    ap.add_argument("--per-size", type=int, default=100, help="first N puzzles of each official set")
+    ap.add_argument("--samples", type=int, default=1, help="responses per puzzle (1 = greedy)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="with --samples > 1")
+    ap.add_argument("--max-new-tokens", type=int, help="one response budget for every size")
+    ap.add_argument("--batch-size", type=int, default=100, help="responses decoded together")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="report path (JSON)")
+    ap.add_argument("--save-responses", action="store_true", help="also write every response (JSONL)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--device", help="cpu, cuda ... (default: cuda if available)")
+    ap.add_argument("--no-bf16", action="store_true", help="CPU: decode in float32")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.error = one_line_error
+    return ap.parse_args(argv)
+
+
+def load_data(a) -> tuple[list[dict], str]:
+    from lopti_minimal import kk
+    from lopti_minimal.evaluate import check_records
+    if a.data:
+        records = []
+        for f in a.data:
+            try:
+                recs = kk.load_jsonl(f)
+                check_records(recs, f)
+            except (OSError, ValueError, UnicodeDecodeError) as e:
+                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise ValueError(f"cannot read K&K data {f}: {msg}") from e
+            records += recs
+        return records, "+".join(Path(f).stem for f in a.data)
+    bad = [n for n in a.sizes if n not in range(3, 8)]
+    if bad:
+        raise ValueError(f"official sets exist for 3..7 people, not {bad}")
+    records = [r for n in a.sizes for r in kk.load_official([n])[:a.per_size]]
+    return records, "official"
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    import torch
+    from lopti_minimal.evaluate import (DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table,
+                                        resolve_model_source, write_report)
+    from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
+    try:
+        if a.samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {a.samples}")
+        if a.samples > 1 and a.temperature <= 0:
+            raise ValueError("--temperature must be > 0 for sampled evaluation")
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        records, tag = load_data(a)
+        source, run_cfg = resolve_model_source(a.model)
+        model, tok = load_model_and_tokenizer(source, device=a.device)
+    except (ValueError, ModelLoadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    budget = a.max_new_tokens or (
+        {int(k): v for k, v in run_cfg["eval_max_new_tokens"].items()} if run_cfg else DEFAULT_MAX_NEW_TOKENS)
+    style = run_cfg["prompt_style"] if run_cfg else "auto"
+    print(f"[eval] {source} on {len(records)} puzzles ({tag}), "
+          f"{'greedy' if a.samples == 1 else f'{a.samples} samples at T={a.temperature}'}")
+    report = evaluate_records(model, tok, records, max_new_tokens=budget, batch_size=a.batch_size,
+                              samples=a.samples, temperature=a.temperature, seed=a.seed,
+                              prompt_style=style, autocast_bf16=not a.no_bf16,
+                              progress=not a.no_progress, keep_responses=a.save_responses)
+    report["model"] = source
+    report["data"] = a.data or f"official sizes {a.sizes}, first {a.per_size} each"
+    if a.out:
+        out = Path(a.out)
+    elif run_cfg is not None:
+        out = Path(a.model) / f"eval-{tag}{'' if a.samples == 1 else f'-k{a.samples}'}.json"
+    else:
+        name = Path(source.rstrip("/")).name.replace(".gguf", "")
+        out = Path(__file__).resolve().parent / "runs" / "eval" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    write_report(report, out)
+    print(format_table(report))
+    print(f"[eval] {report['seconds']} s; report: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Evaluation on K&K: batched greedy (or sampled) decoding, scored by the Logic-RL reward.
+
+The paper's metric (DESIGN.md §3): accuracy = share of puzzles whose greedy response
+scores 3 (format right, every role right), reported per size (3..7 people, the official
+test sets, 100 each) and averaged over sizes. Besides accuracy we report how the other
+responses failed, because for a small model that is what moves first:
+
+    format_error   the four tags are not each present once, in order   (reward -3)
+    unparseable    format fine, answer not "Name is a knight|knave" x n (reward -1)
+    wrong_answer   parsed, some role wrong                               (reward -0.5)
+    truncated      the response hit max_new_tokens (usually also a format error)
+
+Decoding reuses sampling.sample_groups (greedy=True, one row per puzzle, KV cache), so
+evaluation and RL rollouts share one code path. Puzzles are grouped by size and sorted by
+prompt length inside a batch so little padding is computed. With ``samples=K`` each
+puzzle gets K sampled responses at ``temperature``; accuracy is then the mean over all
+K x n responses (avg@K) and pass_at_k the share of puzzles with at least one right.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+# Response budget per size for the tiny model: its compact derivations take ~200 (3
+# people) to ~1,100 (7 people) tokens on average; the long tail beyond these is almost
+# always a loop, and every extra token costs a decoding step of the whole batch.
+DEFAULT_MAX_NEW_TOKENS = {3: 512, 4: 768, 5: 1024, 6: 1536, 7: 2048}
+
+
+def record_size(r: dict) -> int:
+    return int(r["n_people"]) if "n_people" in r else len(r["names"])
+
+
+def check_records(records: list[dict], source: str = "data") -> None:
+    """Every record needs the quiz and the solution text the reward compares with."""
+    if not records:
+        raise ValueError(f"{source}: no records")
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or "quiz" not in r or "solution_text_format" not in r \
+                or ("n_people" not in r and "names" not in r):
+            raise ValueError(f"{source}: record {i + 1} is not a K&K record "
+                             "(needs quiz, solution_text_format and n_people)")
+
+
+def budget(max_new_tokens, n: int) -> int:
+    if isinstance(max_new_tokens, dict):
+        return int(max_new_tokens.get(n, max_new_tokens.get(str(n), max(max_new_tokens.values()))))
+    return int(max_new_tokens)
+
+
+@torch.no_grad()
+def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=None,
+                     batch_size: int = 100, samples: int = 1, temperature: float = 0.7,
+                     seed: int = 0, prompt_style: str = "auto", autocast_bf16: bool = False,
+                     rollout_chunk: int = 0, progress: bool = True,
+                     keep_responses: bool = False) -> dict:
+    """Evaluate ``model`` on ``records``; returns the report dict (see module docstring).
+
+    max_new_tokens: an int, or {size: int} (default DEFAULT_MAX_NEW_TOKENS).
+    batch_size: responses decoded together (prompts per batch = batch_size // samples).
+    autocast_bf16: decode under CPU bf16 autocast (the tiny model's training numerics).
+    """
+    from .models import kk_prompt
+    from .reward import score_response
+    from .sampling import sample_groups
+    from .trainer import _adds_bos, decode_responses
+
+    check_records(records)
+    max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    greedy = samples == 1
+    device = next(model.parameters()).device
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 and device.type == "cpu" \
+        else contextlib.nullcontext()
+    add_bos = _adds_bos(tokenizer)
+    by_size: dict[int, list[dict]] = {}
+    for r in records:
+        by_size.setdefault(record_size(r), []).append(r)
+
+    t0 = time.perf_counter()
+    per_size, rows_out = {}, []
+    bar = tqdm(total=len(records), desc="evaluate", disable=not progress, file=sys.stderr, unit="puzzle")
+    for n in sorted(by_size):
+        recs = by_size[n]
+        ids = [tokenizer(kk_prompt(r, tokenizer, prompt_style), add_special_tokens=add_bos)["input_ids"]
+               for r in recs]
+        order = sorted(range(len(recs)), key=lambda i: len(ids[i]))
+        per_batch = max(1, batch_size // samples)
+        scores = [None] * len(recs)
+        lengths = [None] * len(recs)
+        texts = [None] * len(recs)
+        for b, s in enumerate(range(0, len(order), per_batch)):
+            chunk = order[s:s + per_batch]
+            gen = torch.Generator(device=device)
+            gen.manual_seed(int(np.random.SeedSequence([seed, n, b]).generate_state(1)[0]))
+            with amp:
+                ro = sample_groups(model, [ids[i] for i in chunk], samples, budget(max_new_tokens, n),
+                                   temperature=None if greedy else temperature,
+                                   eos_token_id=tokenizer.eos_token_id,
+                                   pad_token_id=tokenizer.pad_token_id, generator=gen, greedy=greedy)
+            out = decode_responses(tokenizer, ro)
+            lens = ro.response_mask.sum(1).long().tolist()
+            for j, i in enumerate(chunk):
+                texts[i] = out[j * samples:(j + 1) * samples]
+                lengths[i] = lens[j * samples:(j + 1) * samples]
+                scores[i] = [score_response(t, recs[i]) for t in texts[i]]
+            bar.update(len(chunk))
+        flat = [s for ss in scores for s in ss]
+        flat_len = [x for ll in lengths for x in ll]
+        m = budget(max_new_tokens, n)
+        per_size[n] = {
+            "n": len(recs),
+            "samples": samples,
+            "accuracy": float(np.mean([s.total == 3 for s in flat])),
+            "format_error": float(np.mean([not s.format_ok for s in flat])),
+            "unparseable": float(np.mean([s.format_ok and s.parsed_roles is None for s in flat])),
+            "wrong_answer": float(np.mean([s.parsed_roles is not None and not s.correct for s in flat])),
+            "mean_reward": float(np.mean([s.total for s in flat])),
+            "mean_tokens": float(np.mean(flat_len)),
+            "truncated": float(np.mean([x >= m for x in flat_len])),
+            "max_new_tokens": m,
+        }
+        if samples > 1:
+            per_size[n]["pass_at_k"] = float(np.mean([any(s.total == 3 for s in ss) for ss in scores]))
+        if keep_responses:
+            for r, tt, ss in zip(recs, texts, scores):
+                for t, s in zip(tt, ss):
+                    rows_out.append({"n_people": n, "index": r.get("index"), "response": t,
+                                     "reward": s.total, "correct": s.correct})
+    bar.close()
+    keys = ("accuracy", "format_error", "unparseable", "wrong_answer", "mean_reward", "mean_tokens", "truncated")
+    report = {
+        "per_size": per_size,
+        # The paper's "avg" column: the unweighted mean over sizes.
+        "overall": {k: float(np.mean([v[k] for v in per_size.values()])) for k in keys},
+        "settings": {"greedy": greedy, "samples": samples, "temperature": None if greedy else temperature,
+                     "seed": seed, "prompt_style": prompt_style, "autocast_bf16": autocast_bf16,
+                     "max_new_tokens": {str(n): budget(max_new_tokens, n) for n in per_size}},
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    if keep_responses:
+        report["responses"] = rows_out
+    return report
+
+
+def format_table(report: dict) -> str:
+    """The printed table: one row per size, then the mean over sizes."""
+    head = f"{'size':>6} {'n':>5} {'accuracy':>9} {'format_err':>10} {'unparse':>8} {'wrong':>7} {'reward':>7} {'tokens':>7} {'trunc':>6}"
+    if any("pass_at_k" in v for v in report["per_size"].values()):
+        head += f" {'pass@k':>7}"
+    lines = [head]
+
+    def row(name, n, v):
+        s = (f"{name:>6} {n:>5} {v['accuracy']:>9.3f} {v['format_error']:>10.3f} {v['unparseable']:>8.3f} "
+             f"{v['wrong_answer']:>7.3f} {v['mean_reward']:>7.2f} {v['mean_tokens']:>7.1f} {v['truncated']:>6.2f}")
+        return s + (f" {v['pass_at_k']:>7.3f}" if "pass_at_k" in v else "")
+
+    for n, v in sorted(report["per_size"].items(), key=lambda kv: int(kv[0])):
+        lines.append(row(f"{n}p", v["n"], v))
+    lines.append(row("mean", sum(v["n"] for v in report["per_size"].values()), report["overall"]))
+    return "\n".join(lines)
+
+
+def write_report(report: dict, path) -> None:
+    """JSON report, written atomically; per-record responses (if kept) go to a JSONL beside it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rep = dict(report)
+    responses = rep.pop("responses", None)
+    rep["per_size"] = {str(k): v for k, v in rep["per_size"].items()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rep, indent=1))
+    os.replace(tmp, path)
+    if responses is not None:
+        rpath = path.with_suffix(".responses.jsonl")
+        tmp = rpath.with_name(rpath.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in responses))
+        os.replace(tmp, rpath)
+
+
+def resolve_model_source(path: str) -> tuple[str, dict | None]:
+    """A run directory means its final policy (or, if unfinished, its latest checkpoint);
+    returns (model source, the run's config as a dict or None)."""
+    from .trainer import checkpoints, is_run_dir
+    if os.path.isdir(path) and is_run_dir(path):
+        cfg = json.loads((Path(path) / "run.json").read_text())["config"]
+        if (Path(path) / "final" / "config.json").exists():
+            return str(Path(path) / "final"), cfg
+        ck = checkpoints(path)
+        if not ck:
+            raise ValueError(f"run {path} has no checkpoint yet")
+        return str(ck[-1][1]), cfg
+    return path, None

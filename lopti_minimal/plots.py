@@ -1,0 +1,109 @@
+"""Plots of a run (matplotlib, Agg backend: files only, no display needed).
+
+- training curves: mean reward and sampled-response accuracy per RL step, with a moving
+  average (single steps are noisy: a few prompts x G responses each);
+- evaluation curve: official accuracy per size at each periodic evaluation;
+- per-size accuracy bars of one or more evaluation reports (e.g. warm start vs after RL).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def moving_average(x, k: int):
+    x = np.asarray(x, dtype=float)
+    if len(x) < k or k <= 1:
+        return x
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    head = [x[:i + 1].mean() for i in range(k - 1)]      # shorter windows at the start
+    return np.concatenate([head, (c[k:] - c[:-k]) / k])
+
+
+def plot_training(metrics: list[dict], path, window: int = 5) -> str:
+    steps = [m["step"] for m in metrics]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, key, label in zip(axes, ("reward", "accuracy", "response_len"),
+                              ("mean reward", "accuracy of sampled responses", "response tokens")):
+        y = [m[key] for m in metrics]
+        ax.plot(steps, y, alpha=0.35, lw=1, label="per step")
+        ax.plot(steps, moving_average(y, window), lw=2, label=f"moving avg ({window})")
+        ax.set_xlabel("RL step")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_eval_curve(evals: list[dict], path) -> str:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sizes = sorted({s for e in evals for s in e["accuracy"]}, key=int)
+    for s in sizes:
+        pts = [(e["step"], e["accuracy"][s]) for e in evals if s in e["accuracy"]]
+        ax.plot(*zip(*pts), marker="o", label=f"{s} people")
+    ax.plot([e["step"] for e in evals], [e["mean_accuracy"] for e in evals], "k--", lw=2, label="mean")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("greedy accuracy (official sets)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_size_bars(reports: dict, path, title: str = "accuracy per puzzle size") -> str:
+    """reports: {label: evaluation report (evaluate.py)}; grouped bars per size."""
+    labels = list(reports)
+    sizes = sorted({str(n) for r in reports.values() for n in r["per_size"]}, key=int)
+    x = np.arange(len(sizes))
+    w = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(1.2 * len(sizes) + 3, 3.6))
+    for i, lab in enumerate(labels):
+        per = {str(k): v for k, v in reports[lab]["per_size"].items()}
+        ys = [per.get(s, {}).get("accuracy", np.nan) for s in sizes]
+        bars = ax.bar(x + (i - (len(labels) - 1) / 2) * w, ys, w, label=lab)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(x, [f"{s} people" for s in sizes])
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_run(run_dir) -> list[str]:
+    """All plots of a run directory (trainer.py layout); returns the files written."""
+    run_dir = Path(run_dir)
+    out = []
+    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    if metrics:
+        out.append(plot_training(metrics, run_dir / "training.png"))
+    evals = _read_jsonl(run_dir / "evals.jsonl")
+    if len(evals) > 1:
+        out.append(plot_eval_curve(evals, run_dir / "eval_curve.png"))
+    reports = {}
+    for name, label in (("eval_before.json", "before RL"), ("eval_final.json", "after RL")):
+        if (run_dir / name).exists():
+            reports[label] = json.loads((run_dir / name).read_text())
+    if reports:
+        out.append(plot_size_bars(reports, run_dir / "accuracy_by_size.png"))
+    return out

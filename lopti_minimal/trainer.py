@@ -1,0 +1,849 @@
+"""The RL loop: rollouts, rewards, group advantages, AR, the GRPO or Lopti update, logging,
+checkpoints, resume, evaluation.
+
+This module only *composes* the others (Yang et al. 2025, arXiv 2505.12929; DESIGN.md §2):
+
+    for step in 0 .. steps-1:
+        prompts   <- the step's slice of the cached RL prompt set      (kk.py, prompts via models.kk_prompt)
+        rollout   <- sample_groups(policy, prompts, G, T)              (sampling.py)
+        rewards   <- Logic-RL reward of every response                (reward.py)
+        A         <- group advantages, broadcast to tokens             (grpo.py)
+        A_hat     <- (alpha * pi_old + 1 - alpha) * A     if AR        (reweight.py, paper Eq. 4)
+        update    <- lopti_update(eta) if Lopti else grpo_update       (lopti.py Alg. 1 / grpo.py)
+        log one line + one JSON line; checkpoint every save_every steps
+
+Reproducibility and resume. Every random choice of a step is derived from (seed, step):
+the prompts of a step come from a permutation seeded by (seed, epoch), and the sampler's
+torch.Generator is seeded by (seed, step). Nothing random is carried from one step to the
+next except the model and optimizer, which the checkpoints store exactly (float32
+weights on a CPU, the optimizer state dict). So a run resumed from its step-k checkpoint
+repeats steps k+1.. bit for bit, and its metrics file equals an uninterrupted run's
+(tests/test_trainer.py proves it). The global RNG states are saved too, for code that
+might use them (none of ours does).
+
+Run directory layout (everything a run writes):
+
+    RUN_DIR/run.json          marker + full config (what --resume reads back)
+    RUN_DIR/metrics.jsonl     one JSON object per RL step
+    RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
+    RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt
+    RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
+    RUN_DIR/eval_final.json   the final evaluation report (evaluate.py format)
+    RUN_DIR/*.png             plots (plots.py)
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
+METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+
+
+class TrainError(ValueError):
+    """Bad input: the CLI prints it as one line and exits with code 2."""
+
+
+# =======================================================================================
+# Configuration
+# =======================================================================================
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on. Defaults = the ``cpu-tiny`` preset (the embedded run:
+    the shipped tiny warm-start model on a 2-core CPU). "Reference" means the paper's K&K
+    runs (DESIGN.md §4: the AR-Lopti fork of verl, Qwen2.5-3B/7B, 4 x 80 GB); every
+    deviation from it is said, with the reason. The GPU presets keep the reference values.
+    """
+
+    # --- model and prompts
+    model: str = "checkpoints/tiny-warm"   # HF folder, hub id or .gguf (models.load_model_and_tokenizer)
+    prompt_style: str = "auto"     # models.kk_prompt: chat template for instruct models, compact otherwise
+
+    # --- method (DESIGN.md §2)
+    method: str = "ar_lopti"       # grpo | ar | lopti | ar_lopti (the paper's best K&K combination)
+    alpha: float = 0.3             # AR, Eq. 4: 0.3 in the reference AR+Lopti K&K run (0.2 AR alone)
+    eta: float = 0.5               # Lopti threshold: 0.5 in the reference (0.4 Lopti alone)
+
+    # --- RL schedule
+    seed: int = 0
+    steps: int = 40                # reference: 5 epochs x 4,500 / 64 ~ 350 steps; sized here to
+                                   # fit the 15-minute CPU budget (issue 5 §6)
+    prompts_per_step: int = 8      # reference 64; a 2-core CPU samples ~40 x fewer tokens/s
+    group_size: int = 8            # G, reference 8
+    temperature: float = 0.7       # reference 0.7 (also divides the logits in training)
+    top_p: float = 1.0             # reference: no nucleus / top-k filtering
+    top_k: int = 0
+    max_new_tokens: int = 512      # reference 4,096; the tiny model's 3..5-person derivations
+                                   # take ~200-450 tokens, so 512 only cuts runaway responses
+    max_prompt_len: int = 256      # longer prompts are dropped from the RL set (verl filters
+                                   # over-long prompts the same way); reference 400
+
+    # --- optimisation (grpo.GRPOConfig; the reference values are its defaults)
+    lr: float = 1e-4               # reference 1e-6 is for 3B/7B models; a ~3.4M-parameter model
+                                   # needs a far larger step. NOT yet tuned on the shipped warm
+                                   # start: at 2e-4 a 9-minute warm start drifted to a k3 KL of
+                                   # 0.38/token in 6 steps, so this starts lower
+    weight_decay: float = 0.01     # verl AdamW default
+    grad_clip: float = 1.0         # reference
+    eps_low: float = 0.20          # reference clip range, asymmetric ("clip-higher")
+    eps_high: float = 0.24
+    clip_c: float = 10.0           # reference dual clip
+    kl_coef: float = 0.001         # reference, k3 estimator to the frozen initial policy
+    mini_batch_size: int = 256     # responses per optimizer step (reference 256): one step
+                                   # per stage whenever prompts x G <= 256
+    micro_batch_size: int = 32     # responses per forward/backward (memory only)
+    grad_accum: str = "global"     # exact token-mean over the mini-batch (grpo.py explains "verl")
+    optimizer: str = "adamw"       # reference AdamW; "adafactor" only for the 3B-on-24GB preset
+
+    # --- data: the RL prompt set (generated, official test puzzles excluded, cached)
+    rl_sizes: tuple = (3, 4, 5)    # reference trains on 3..7 people; the tiny model cannot
+                                   # yet solve 6-7 (no reward variance, so no signal)
+    rl_per_size: int = 900         # reference: 900 puzzles per size
+    data_seed: int = 20250518      # generator seed of the RL set (not the warm start's)
+    cache_dir: str = "cache"
+    rl_data: str | None = None     # a K&K JSON Lines file to use instead of generated puzzles
+
+    # --- numerics and hardware
+    device: str = "auto"           # cuda if available, else cpu
+    dtype: str = "auto"            # weights: float32 on CPU, bfloat16 on GPU (models.default_dtype)
+    autocast_bf16: bool = True     # CPU: bf16 matmuls (AMX/AVX-512) under autocast, float32
+                                   # master weights: ~4x faster update on this machine
+    recompute_old_logprobs: bool = True   # log pi_old by a teacher-forced forward after sampling,
+                                   # as verl does; makes the first ratio exactly 1 under autocast
+    gradient_checkpointing: bool = False
+    rollout_chunk: int = 0         # prompts per sampling call (0 = all): bounds the KV cache on a GPU
+    threads: int | None = None     # torch intra-op threads (None: torch's default)
+
+    # --- evaluation (official 3..7-person sets; accuracy = greedy response scores 3)
+    eval_every: int = 0            # periodic evaluation every N steps (0: only the final one)
+    eval_sizes: tuple = (3, 4, 5, 6, 7)
+    eval_per_size: int = 100       # puzzles per size (the official sets have 100)
+    eval_max_new_tokens: dict = field(default_factory=lambda: {3: 512, 4: 768, 5: 1024, 6: 1536, 7: 2048})
+    eval_batch_size: int = 100
+    final_eval: bool = True
+    eval_before: bool = False      # also evaluate the initial policy (eval_before.json)
+
+    # --- output
+    run_dir: str | None = None     # default runs/<time>-<preset>-<method>-s<seed>
+    save_every: int = 10           # checkpoint every N steps (a crash loses at most N steps)
+    keep_checkpoints: int = 2      # older periodic checkpoints are deleted
+    save_dtype: str = "same"       # checkpoints keep the training dtype, so resume is exact
+    preset: str = "cpu-tiny"
+    progress: bool = True
+    plots: bool = True
+    tensorboard: bool = False      # only if torch.utils.tensorboard is installed
+
+    # ----------------------------------------------------------------------------------
+    def grpo_config(self):
+        from .grpo import GRPOConfig
+        return GRPOConfig(group_size=self.group_size, temperature=self.temperature, lr=self.lr,
+                          weight_decay=self.weight_decay, grad_clip=self.grad_clip,
+                          eps_low=self.eps_low, eps_high=self.eps_high, clip_c=self.clip_c,
+                          kl_coef=self.kl_coef, mini_batch_size=self.mini_batch_size,
+                          micro_batch_size=self.micro_batch_size, grad_accum=self.grad_accum)
+
+    @property
+    def uses_ar(self) -> bool:
+        return self.method in ("ar", "ar_lopti")
+
+    @property
+    def uses_lopti(self) -> bool:
+        return self.method in ("lopti", "ar_lopti")
+
+
+# Named presets: overrides of the defaults above. The cpu-tiny preset is the defaults.
+_REF = dict(lr=1e-6, temperature=0.7, group_size=8, prompts_per_step=64, max_new_tokens=4096,
+            max_prompt_len=400, rl_sizes=(3, 4, 5, 6, 7), autocast_bf16=False,
+            gradient_checkpointing=True, dtype="bfloat16", eval_every=10,
+            eval_max_new_tokens={n: 4096 for n in range(3, 8)}, eval_batch_size=100,
+            steps=350, save_every=20)
+PRESETS: dict[str, dict] = {
+    "cpu-tiny": {},
+    # The smallest thing that runs every part: tests and CI (< 60 s on 2 cores).
+    "ci": dict(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=48, rl_per_size=20,
+               eval_sizes=(3,), eval_per_size=4, eval_max_new_tokens={3: 48},
+               save_every=1, eval_every=0, plots=True, lr=1e-4),
+    # SmolLM2-135M-Instruct on a CPU (python scripts/fetch_smollm2.py): its chat template,
+    # its 49k vocabulary; a pretrained 135M model takes a smaller step than the tiny one.
+    "smollm2-cpu": dict(model="models/smollm2-135m-instruct", lr=1e-5, prompts_per_step=4,
+                        group_size=4, max_new_tokens=384, max_prompt_len=512, steps=20,
+                        rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=50,
+                        eval_max_new_tokens={3: 512}, eval_batch_size=50),
+    # One 24 GB GPU, bf16 weights, gradient checkpointing, reference hyperparameters.
+    # What bounds memory (memory_estimate_gb, README table): the KV cache of a rollout
+    # (64 x 8 responses of 4.5k tokens at once would need 40-85 GB, hence rollout_chunk
+    # prompts per sampling call), the float32 [rows, 4096, 151,936] logits of a
+    # micro-batch (~5.5 GB per response with their gradient, hence micro-batches of 1),
+    # and the evaluation's KV cache (eval_batch_size).
+    "qwen2.5-0.5b": dict(_REF, model="Qwen/Qwen2.5-0.5B-Instruct", micro_batch_size=1, rollout_chunk=16,
+                         eval_batch_size=64),
+    "qwen2.5-1.5b": dict(_REF, model="Qwen/Qwen2.5-1.5B-Instruct", micro_batch_size=1, rollout_chunk=4,
+                         eval_batch_size=32),
+    # 3B: AdamW's two moments (+12 GB in bf16) do not fit beside weights, grads and the
+    # reference copy (3 x 6.2 GB); Adafactor's factored second moment does. Even so the
+    # 4,096-token budget does not fit in 24 GB: responses are capped at 2,048 (a deviation;
+    # use a 40 GB+ GPU and --max-new-tokens 4096 for the faithful setting).
+    "qwen2.5-3b": dict(_REF, model="Qwen/Qwen2.5-3B-Instruct", micro_batch_size=1, rollout_chunk=2,
+                       optimizer="adafactor", max_new_tokens=2048, eval_batch_size=16,
+                       eval_max_new_tokens={n: 2048 for n in range(3, 8)}),
+}
+
+
+def make_config(preset: str = "cpu-tiny", **overrides) -> TrainConfig:
+    """A preset, then explicit overrides (None values are ignored), validated."""
+    if preset not in PRESETS:
+        raise TrainError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    values = dict(PRESETS[preset], preset=preset)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(values) - names
+    if unknown:
+        raise TrainError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Reject bad input with a message that says what is wrong and what is allowed."""
+    if cfg.method not in METHODS:
+        raise TrainError(f"unknown method {cfg.method!r}: choose one of {', '.join(METHODS)}")
+    if not 0.0 <= cfg.alpha <= 1.0:
+        raise TrainError(f"alpha must lie in [0, 1] (paper Eq. 4), got {cfg.alpha}")
+    if not 0.0 < cfg.eta <= 1.0:
+        raise TrainError(f"eta must lie in (0, 1] (Lopti threshold on pi_old), got {cfg.eta}")
+    if cfg.group_size < 2:
+        raise TrainError(f"group size must be >= 2 (GRPO compares responses within a group), got {cfg.group_size}")
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "max_prompt_len", "rl_per_size",
+                 "micro_batch_size", "mini_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise TrainError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.temperature <= 0:
+        raise TrainError(f"temperature must be > 0, got {cfg.temperature}")
+    if not cfg.lr > 0:
+        raise TrainError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.optimizer not in ("adamw", "adafactor"):
+        raise TrainError(f"unknown optimizer {cfg.optimizer!r}: adamw or adafactor")
+    if cfg.save_every < 0 or cfg.eval_every < 0:
+        raise TrainError("save-every and eval-every must be >= 0")
+
+
+def config_to_json(cfg: TrainConfig) -> dict:
+    d = asdict(cfg)
+    d["eval_max_new_tokens"] = {str(k): v for k, v in cfg.eval_max_new_tokens.items()}
+    return d
+
+
+def config_from_json(d: dict) -> TrainConfig:
+    d = dict(d)
+    d["eval_max_new_tokens"] = {int(k): v for k, v in d.get("eval_max_new_tokens", {}).items()}
+    for k in ("rl_sizes", "eval_sizes"):
+        if k in d:
+            d[k] = tuple(d[k])
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in d.items() if k in names})
+
+
+# =======================================================================================
+# Seeds: every random draw of a step derives from (seed, step)
+# =======================================================================================
+
+def step_generator(seed: int, step: int, device="cpu") -> torch.Generator:
+    """The sampler's generator for one step. Seeding by (seed, step) rather than carrying
+    one generator through the run is what makes resume exact without saving its state."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(np.random.SeedSequence([seed, step, 1]).generate_state(1)[0]))
+    return g
+
+
+def step_prompt_indices(seed: int, step: int, per_step: int, n: int) -> list[int]:
+    """Indices of the step's prompts: consecutive slices of a fresh permutation of the
+    prompt set per epoch (each epoch sees every prompt once), seeded by (seed, epoch)."""
+    out = []
+    for k in range(step * per_step, (step + 1) * per_step):
+        epoch, pos = divmod(k, n)
+        out.append(int(_permutation(seed, epoch, n)[pos]))
+    return out
+
+
+_PERM_CACHE: dict = {}
+
+
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    key = (seed, epoch, n)
+    if key not in _PERM_CACHE:
+        _PERM_CACHE.clear()                     # only the current epoch is ever needed
+        _PERM_CACHE[key] = np.random.default_rng([seed, epoch, 2]).permutation(n)
+    return _PERM_CACHE[key]
+
+
+# =======================================================================================
+# Data: the cached RL prompt set
+# =======================================================================================
+
+def rl_prompt_set(cfg: TrainConfig, progress: bool = True) -> tuple[list[dict], str]:
+    """Generated K&K records for RL (sizes cfg.rl_sizes, cfg.rl_per_size each), with every
+    official test puzzle excluded; cached as JSON Lines so later runs reuse the same set.
+    Returns (records, cache path)."""
+    from . import kk
+    if cfg.rl_data:
+        return load_records(cfg.rl_data), str(cfg.rl_data)
+    sizes = "-".join(str(n) for n in cfg.rl_sizes)
+    # ROOT / an absolute cache_dir is that absolute path.
+    path = ROOT / cfg.cache_dir / "rl_prompts" / f"kk-n{sizes}-x{cfg.rl_per_size}-seed{cfg.data_seed}.jsonl"
+    if path.exists():
+        return kk.load_jsonl(path), str(path)
+    exclude = kk.official_keys()
+    records: list[dict] = []
+    with tqdm(total=len(cfg.rl_sizes) * cfg.rl_per_size, desc="RL prompts", disable=not progress,
+              file=sys.stderr) as bar:
+        for n in cfg.rl_sizes:
+            # A seed per size, so adding a size does not change the others' puzzles.
+            records += kk.generate_records(n, cfg.rl_per_size, seed=cfg.data_seed + 1000 * n,
+                                           exclude=exclude, progress=bar)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kk.save_jsonl(records, path, overwrite=True)      # atomic (temp file, then rename)
+    return records, str(path)
+
+
+def load_records(path) -> list[dict]:
+    """K&K records from a JSON Lines file; TrainError (one line) if unreadable."""
+    from . import kk
+    from .evaluate import check_records
+    try:
+        records = kk.load_jsonl(path)
+        check_records(records, str(path))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise TrainError(f"cannot read K&K data {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    return records
+
+
+def encode_prompts(records: list[dict], tokenizer, style: str, max_len: int) -> tuple[list[dict], list[list[int]]]:
+    """Prompt token ids (the tokenizer adds bos where its model expects it); prompts longer
+    than max_len tokens are dropped. Returns (kept records, their ids)."""
+    from .models import kk_prompt
+    kept, ids = [], []
+    for r in records:
+        p = tokenizer(kk_prompt(r, tokenizer, style), add_special_tokens=_adds_bos(tokenizer))["input_ids"]
+        if len(p) <= max_len:
+            kept.append(r)
+            ids.append(p)
+    return kept, ids
+
+
+def _adds_bos(tokenizer) -> bool:
+    """A chat-template prompt already holds its special tokens (Qwen has no bos); our tiny
+    tokenizer's post-processor adds bos, which its model always saw at position 0."""
+    from .models import is_instruct
+    return not is_instruct(tokenizer)
+
+
+# =======================================================================================
+# Model, reference, optimizer
+# =======================================================================================
+
+def resolve_device(cfg: TrainConfig) -> torch.device:
+    from .models import default_device
+    return default_device() if cfg.device == "auto" else torch.device(cfg.device)
+
+
+def resolve_dtype(cfg: TrainConfig, device) -> torch.dtype:
+    from .models import default_dtype
+    if cfg.dtype == "auto":
+        return default_dtype(device)
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+
+
+def load_policy(cfg: TrainConfig, source: str | None = None):
+    """(model, tokenizer) from cfg.model (or ``source``, e.g. a checkpoint), on the
+    configured device and dtype; gradient checkpointing as configured."""
+    from .models import ModelLoadError, load_model_and_tokenizer, set_gradient_checkpointing
+    device = resolve_device(cfg)
+    src = source or cfg.model
+    if src and not os.path.isabs(src) and not os.path.exists(src) and (ROOT / src).exists():
+        src = str(ROOT / src)          # repo-relative defaults work from any working dir
+    try:
+        model, tok = load_model_and_tokenizer(src, dtype=resolve_dtype(cfg, device), device=device)
+    except ModelLoadError as e:
+        raise TrainError(str(e)) from e
+    set_gradient_checkpointing(model, cfg.gradient_checkpointing)
+    return model, tok
+
+
+def frozen_copy(model):
+    """The reference policy pi_ref: a frozen copy of the initial policy (DESIGN.md §2)."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def make_optimizer(model, cfg: TrainConfig):
+    if cfg.optimizer == "adamw":
+        from .grpo import make_optimizer as grpo_optimizer
+        return grpo_optimizer(model, cfg.grpo_config())
+    # Adafactor (Shazeer & Stern 2018) as shipped by transformers, with an explicit lr:
+    # factored second moments, no first moment -- a few MB of state instead of 2 x params.
+    from transformers.optimization import Adafactor
+    return Adafactor(model.parameters(), lr=cfg.lr, scale_parameter=False, relative_step=False,
+                     warmup_init=False, weight_decay=cfg.weight_decay)
+
+
+def autocast(cfg: TrainConfig, device):
+    """bf16 autocast on a CPU when asked (the weights stay float32); a no-op elsewhere."""
+    enabled = cfg.autocast_bf16 and torch.device(device).type == "cpu"
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+
+
+# =======================================================================================
+# One RL step
+# =======================================================================================
+
+def concat_rollouts(parts: list, pad_token_id: int):
+    """Join rollouts of prompt chunks (rollout_chunk) into one, keeping the layout
+    [left-padded prompt | right-padded response]: prompts are padded on the left to the
+    widest prompt, responses on the right to the longest response."""
+    from .sampling import Rollout
+    if len(parts) == 1:
+        return parts[0]
+    P = max(r.prompt_len for r in parts)
+    R = max(r.response_ids.shape[1] for r in parts)
+
+    def pad(t, left, right, value):
+        return torch.nn.functional.pad(t, (left, right), value=value)
+
+    ids, am, rid, rm, lp = [], [], [], [], []
+    for r in parts:
+        dl, dr = P - r.prompt_len, R - r.response_ids.shape[1]
+        ids.append(pad(r.input_ids, dl, dr, pad_token_id))
+        am.append(pad(r.attention_mask, dl, dr, 0))
+        rid.append(pad(r.response_ids, 0, dr, pad_token_id))
+        rm.append(pad(r.response_mask, 0, dr, 0.0))
+        lp.append(pad(r.old_logprobs, 0, dr, 0.0))
+    return Rollout(input_ids=torch.cat(ids), attention_mask=torch.cat(am), response_ids=torch.cat(rid),
+                   response_mask=torch.cat(rm), old_logprobs=torch.cat(lp), prompt_len=P,
+                   group_size=parts[0].group_size)
+
+
+def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, generator, *,
+            group_size: int | None = None, max_new_tokens: int | None = None, greedy: bool = False):
+    """sample_groups over the prompts, in chunks of cfg.rollout_chunk prompts."""
+    from .sampling import sample_groups
+    G = group_size or cfg.group_size
+    chunk = cfg.rollout_chunk or len(prompt_ids)
+    device = next(model.parameters()).device
+    parts = []
+    with autocast(cfg, device):
+        for s in range(0, len(prompt_ids), chunk):
+            parts.append(sample_groups(
+                model, prompt_ids[s:s + chunk], G, max_new_tokens or cfg.max_new_tokens,
+                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                generator=generator, greedy=greedy))
+    return concat_rollouts(parts, tokenizer.pad_token_id)
+
+
+def decode_responses(tokenizer, ro) -> list[str]:
+    """Response texts: the sampled tokens up to and including EOS, special tokens dropped
+    (the text the reward sees). Lengths come from the mask, never from the pad id."""
+    lengths = ro.response_mask.sum(1).long().tolist()
+    rows = ro.response_ids.tolist()
+    return [tokenizer.decode(r[:n], skip_special_tokens=True) for r, n in zip(rows, lengths)]
+
+
+def default_reward(text: str, record: dict) -> float:
+    from .reward import score_response
+    return score_response(text, record).total
+
+
+def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: list[list[int]],
+            cfg: TrainConfig, step: int, reward_fn=None) -> dict:
+    """One RL step on the given prompts. Returns the step's metrics (a flat dict)."""
+    from .grpo import batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3, token_advantages
+    from .lopti import lopti_update, split_by_probability
+    from .reweight import reweight_advantages
+
+    reward_fn = reward_fn or default_reward
+    gcfg = cfg.grpo_config()
+    device = next(model.parameters()).device
+    G = cfg.group_size
+    t0 = time.perf_counter()
+
+    # 1. Rollouts: G responses per prompt, group-major.
+    ro = rollout(model, tokenizer, prompt_ids, cfg, step_generator(cfg.seed, step, device))
+    t_sample = time.perf_counter() - t0
+
+    # 2. Rewards (Logic-RL) on the decoded text.
+    texts = decode_responses(tokenizer, ro)
+    recs = [r for r in records for _ in range(G)]
+    rewards = torch.tensor([float(reward_fn(t, r)) for t, r in zip(texts, recs)])
+
+    # 3. Advantages: one per response, broadcast to its tokens (padding 0).
+    adv = group_advantages(rewards, G, gcfg.adv_eps).to(device)
+    mask = ro.response_mask
+    with autocast(cfg, device):
+        batch = batch_from_rollout(ro, token_advantages(adv, mask))
+        # 3b. log pi_old by the same teacher-forced forward the update uses (verl does
+        # this too): under bf16 autocast the sampler's incremental logits differ in the
+        # last bits, and the first ratio must be exactly 1 (DESIGN.md §5).
+        if cfg.recompute_old_logprobs:
+            batch["old_logprobs"] = batch_logprobs(model, batch, gcfg)
+        # 3c. Reference log-probs once per step (both Lopti stages reuse them).
+        ref_logp = batch_logprobs(ref, batch, gcfg) if cfg.kl_coef else None
+        # 4. AR (paper Eq. 4) on the token advantages, before any split.
+        if cfg.uses_ar:
+            batch["advantages"] = reweight_advantages(batch["advantages"], batch["old_logprobs"], cfg.alpha)
+        t1 = time.perf_counter()
+        # 5. The update: Lopti (Algorithm 1: low-probability tokens, then high) or GRPO.
+        if cfg.uses_lopti:
+            m = lopti_update(model, ref_logp, optimizer, batch, gcfg, eta=cfg.eta)
+            stages = (m["stage1"], m["stage2"])
+            low = m["low_fraction"]
+        else:
+            stages = (grpo_update(model, ref_logp, optimizer, batch, gcfg),)
+            low = float(split_by_probability(batch["old_logprobs"], mask, cfg.eta)[0].sum() / mask.sum().clamp_min(1))
+    t_update = time.perf_counter() - t1
+
+    # 6. Metrics. KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
+    n_tok = float(mask.sum())
+    kl = float((kl_k3(batch["old_logprobs"], ref_logp) * mask).sum() / max(n_tok, 1)) if ref_logp is not None else 0.0
+    shares = (low, 1 - low) if len(stages) == 2 else (1.0,)
+    correct = (rewards == 3.0).float()
+    groups = rewards.view(-1, G)
+    return {
+        "step": step + 1,
+        "reward": float(rewards.mean()),
+        "accuracy": float(correct.mean()),
+        "format_ok": float((rewards > -3.0).float().mean()),
+        "response_len": float(mask.sum(1).mean()),
+        "truncated": float((mask.sum(1) >= cfg.max_new_tokens).float().mean()),
+        "kl": kl,
+        "clip_frac": sum(s * st["clip_frac"] for s, st in zip(shares, stages)),
+        "grad_norm": float(np.mean([st["grad_norm"] for st in stages if st["n_steps"]] or [0.0])),
+        "low_fraction": low,
+        "zero_adv_groups": float((groups == groups[:, :1]).all(1).float().mean()),
+        "pg_loss": sum(st["pg_loss"] for st in stages),
+        # Ratios of the first update: exactly 1 on its first mini-batch (fresh samples).
+        "ratio_min": stages[0]["ratio_min"], "ratio_max": stages[0]["ratio_max"],
+        "tokens": int(n_tok),
+        "sample_s": round(t_sample, 3),
+        "update_s": round(t_update, 3),
+        "step_s": round(time.perf_counter() - t0, 3),
+    }
+
+
+def summary_line(m: dict, steps: int) -> str:
+    """The one-line per-step summary (issue 5 §2)."""
+    return (f"step {m['step']:>4}/{steps} | reward {m['reward']:+.3f} | acc {m['accuracy']:.3f} | "
+            f"len {m['response_len']:6.1f} | kl {m['kl']:.2e} | clip {m['clip_frac']:.3f} | "
+            f"gnorm {m['grad_norm']:.3f} | low {m['low_fraction']:.3f} | "
+            f"{m['step_s']:.1f}s (sample {m['sample_s']:.1f}s)")
+
+
+# =======================================================================================
+# Run directory, checkpoints, resume
+# =======================================================================================
+
+def default_run_dir(cfg: TrainConfig) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(ROOT / "runs" / f"{stamp}-{cfg.preset}-{cfg.method}-s{cfg.seed}")
+
+
+def is_run_dir(path) -> bool:
+    p = Path(path) / "run.json"
+    try:
+        return json.loads(p.read_text()).get("kind") == RUN_MARKER
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read_run_config(path) -> TrainConfig:
+    """The config of an existing run; TrainError if ``path`` is not one of our runs."""
+    if not Path(path).is_dir():
+        raise TrainError(f"--resume {path}: no such directory")
+    if not is_run_dir(path):
+        raise TrainError(f"--resume {path}: not a lopti-minimal run directory (no valid run.json)")
+    return config_from_json(json.loads((Path(path) / "run.json").read_text())["config"])
+
+
+def checkpoints(run_dir) -> list[tuple[int, Path]]:
+    """Complete periodic checkpoints, oldest first. A checkpoint is complete once renamed
+    from its temporary name, so a crash mid-save leaves only a *.tmp folder, ignored."""
+    out = []
+    for p in Path(run_dir).glob("ckpt-*"):
+        if p.is_dir() and p.name[5:].isdigit() and (p / "trainer_state.pt").exists():
+            out.append((int(p.name[5:]), p))
+    return sorted(out)
+
+
+def save_hf_atomic(model, tokenizer, out: Path, extra: dict | None = None) -> None:
+    """save_pretrained into out.tmp, extra files beside it, then one rename: a reader (or a
+    resume after kill -9) sees either the old checkpoint or the complete new one."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    for name, obj in (extra or {}).items():
+        torch.save(obj, tmp / name)
+    if out.exists():                      # only "final" is ever replaced (a re-run of the end)
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, cfg: TrainConfig) -> Path:
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "config": config_to_json(cfg),
+    }
+    path = Path(run_dir) / f"ckpt-{step:06d}"
+    save_hf_atomic(model, tokenizer, path, {"trainer_state.pt": state})
+    for _, old in checkpoints(run_dir)[:-cfg.keep_checkpoints or None]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def _truncate_jsonl(path: Path, max_step: int) -> None:
+    """Drop lines logged after the checkpoint we resume from (they will be redone), so the
+    resumed run's log equals an uninterrupted run's. Atomic rewrite."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= max_step:
+                keep.append(line)
+        except ValueError:          # a half-written last line after kill -9
+            pass
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, obj: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+
+
+# =======================================================================================
+# Evaluation hook
+# =======================================================================================
+
+def evaluate_policy(model, tokenizer, cfg: TrainConfig, sizes=None, per_size=None, progress=True) -> dict:
+    """Greedy accuracy on the official sets (evaluate.py), with the run's numerics."""
+    from . import kk
+    from .evaluate import evaluate_records
+    sizes = tuple(sizes or cfg.eval_sizes)
+    per = per_size or cfg.eval_per_size
+    records = [r for n in sizes for r in kk.load_official([n])[:per]]
+    return evaluate_records(model, tokenizer, records, max_new_tokens=cfg.eval_max_new_tokens,
+                            batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
+                            autocast_bf16=cfg.autocast_bf16, rollout_chunk=0, progress=progress)
+
+
+# =======================================================================================
+# The run
+# =======================================================================================
+
+def resume_config(run_dir, steps: int | None = None, progress: bool | None = None) -> TrainConfig:
+    """The saved config of a run, to continue it; ``steps`` may extend a finished run."""
+    cfg = read_run_config(run_dir)
+    cfg.run_dir = str(run_dir)
+    if steps:
+        cfg.steps = steps
+    if progress is not None:
+        cfg.progress = progress
+    return cfg
+
+
+def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> dict:
+    """Run RL, or with ``resume=True`` continue the run in cfg.run_dir (cfg from
+    ``resume_config``) after its latest complete checkpoint.
+    Returns {"run_dir", "metrics": [...], "final_eval", "paths", "config"}.
+    reward_fn(text, record) -> float: the Logic-RL total by default (tests plug in others).
+    """
+    log = log or (lambda s: tqdm.write(s, file=sys.stdout))
+    if resume:
+        read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
+    validate(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    run_dir = Path(cfg.run_dir or default_run_dir(cfg))
+    if not resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise TrainError(f"run directory {run_dir} exists and is not empty: pass --resume {run_dir} "
+                         "or choose another --run-dir")
+
+    # Data first (cheap, and a bad data setting fails before any model loads).
+    records, data_path = rl_prompt_set(cfg, cfg.progress)
+
+    # Policy, and the frozen reference = the *initial* policy (always cfg.model, also on resume).
+    model, tokenizer = load_policy(cfg)
+    ref = frozen_copy(model) if cfg.kl_coef else None
+    optimizer = make_optimizer(model, cfg)
+    start = 0
+    if resume:
+        ck = checkpoints(run_dir)
+        if ck:
+            start, path = ck[-1]
+            state = torch.load(path / "trainer_state.pt", weights_only=False)
+            loaded, _ = load_policy(cfg, str(path))
+            model.load_state_dict(loaded.state_dict())
+            del loaded
+            optimizer.load_state_dict(state["optimizer"])
+            random.setstate(state["rng"]["python"])
+            np.random.set_state(state["rng"]["numpy"])
+            torch.set_rng_state(state["rng"]["torch"])
+            log(f"[resume] {path} (step {start})")
+        for name in ("metrics.jsonl", "evals.jsonl"):
+            _truncate_jsonl(run_dir / name, start)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "run.json").write_text(json.dumps(
+            {"kind": RUN_MARKER, "config": config_to_json(cfg), "data": data_path,
+             "created": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+    records, prompt_ids = encode_prompts(records, tokenizer, cfg.prompt_style, cfg.max_prompt_len)
+    if not records:
+        raise TrainError(f"no RL prompt fits max-prompt-len {cfg.max_prompt_len}: raise it")
+
+    from .models import count_parameters
+    log(f"[run] {run_dir}\n[run] model {cfg.model} ({count_parameters(model):,} params, "
+        f"{next(model.parameters()).dtype}, {next(model.parameters()).device}), method {cfg.method}, "
+        f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr:g}, T {cfg.temperature}, "
+        f"{len(records)} RL prompts ({data_path}), threads {torch.get_num_threads()}")
+    writer = _tensorboard(cfg, run_dir)
+    if cfg.eval_before and start == 0:
+        from .evaluate import write_report
+        ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+        write_report(ev, run_dir / "eval_before.json")
+        log("[eval] before RL: " + _eval_text(ev))
+
+    metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
+    history = [json.loads(l) for l in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    bar = tqdm(total=cfg.steps, initial=start, desc="RL steps", disable=not cfg.progress,
+               file=sys.stderr, unit="step")
+    t_run = time.perf_counter()
+    for step in range(start, cfg.steps):
+        idx = step_prompt_indices(cfg.seed, step, cfg.prompts_per_step, len(records))
+        m = rl_step(model, ref, optimizer, tokenizer, [records[i] for i in idx],
+                    [prompt_ids[i] for i in idx], cfg, step, reward_fn)
+        history.append(m)
+        append_jsonl(metrics_path, m)
+        if writer:
+            for k, v in m.items():
+                writer.add_scalar(f"train/{k}", v, m["step"])
+        bar.update(1)
+        bar.set_postfix(reward=f"{m['reward']:+.2f}", acc=f"{m['accuracy']:.2f}", refresh=False)
+        log(summary_line(m, cfg.steps))
+        done = step + 1
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+            append_jsonl(evals_path, {"step": done, **_eval_brief(ev)})
+            log(f"[eval] step {done}: " + _eval_text(ev))
+        if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+            save_checkpoint(run_dir, done, model, tokenizer, optimizer, cfg)
+    bar.close()
+    rl_seconds = time.perf_counter() - t_run
+
+    # The end: a final checkpoint (resumable: extend with --resume --steps N), the final
+    # policy in HF format, the final evaluation, plots.
+    paths = {"run_dir": str(run_dir), "metrics": str(metrics_path)}
+    if cfg.steps > start or not (run_dir / "final").exists():
+        save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, cfg)
+        save_hf_atomic(model, tokenizer, run_dir / "final")
+    paths["final_model"] = str(run_dir / "final")
+    final_eval = None
+    if cfg.final_eval:
+        from .evaluate import write_report
+        final_eval = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+        write_report(final_eval, run_dir / "eval_final.json")
+        append_jsonl(evals_path, {"step": cfg.steps, "final": True, **_eval_brief(final_eval)})
+        paths["eval"] = str(run_dir / "eval_final.json")
+        log("[eval] final: " + _eval_text(final_eval))
+    if cfg.plots:
+        try:
+            from .plots import plot_run
+            paths["plots"] = plot_run(run_dir)
+        except Exception as e:           # plotting must never lose a finished run
+            log(f"[plots] skipped: {e}")
+    if writer:
+        writer.close()
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"steps": cfg.steps, "rl_seconds_this_session": round(rl_seconds, 1), "paths": paths,
+         "final_eval": _eval_brief(final_eval) if final_eval else None}, indent=1))
+    return {"run_dir": str(run_dir), "metrics": history, "final_eval": final_eval, "paths": paths,
+            "config": cfg}
+
+
+def _eval_brief(ev: dict) -> dict:
+    return {"accuracy": {str(n): v["accuracy"] for n, v in ev["per_size"].items()},
+            "mean_accuracy": ev["overall"]["accuracy"],
+            "format_error": ev["overall"]["format_error"]}
+
+
+def _eval_text(ev: dict) -> str:
+    per = " ".join(f"{n}p {v['accuracy']:.2f}" for n, v in ev["per_size"].items())
+    return f"accuracy {per} | mean {ev['overall']['accuracy']:.3f} | format errors {ev['overall']['format_error']:.3f}"
+
+
+def _tensorboard(cfg: TrainConfig, run_dir: Path):
+    if not cfg.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("[tensorboard] not installed (pip install tensorboard); logging to JSON Lines only")
+        return None
+    return SummaryWriter(str(run_dir / "tb"))
+
+
+# =======================================================================================
+# GPU memory estimate (the README table)
+# =======================================================================================
+
+def memory_estimate_gb(n_params: float, layers: int, kv_heads: int, head_dim: int, vocab: int,
+                       rows: int, seq: int, micro_batch: int, optimizer: str = "adamw") -> dict:
+    """Rough GPU memory of one training step in GB (1e9 bytes), bf16 everywhere:
+    weights 2 B/param, grads 2, AdamW moments 4 (Adafactor ~0), reference copy 2;
+    KV cache of one rollout chunk (rows x seq x layers x 2 x kv_heads x head_dim x 2 B);
+    the float32 logits of one micro-batch [micro_batch, seq, vocab] (x2: value + grad).
+    The phases do not overlap: sampling holds the KV cache (grads are freed after each
+    update), the update holds grads and logits; "peak" is the larger phase. Checkpointed
+    activations (~0.1-0.7 GB) and the CUDA context (~0.5 GB) come on top."""
+    gb = 1e9
+    opt = 4 if optimizer == "adamw" else 0.05
+    out = {
+        "weights": 2 * n_params / gb, "grads": 2 * n_params / gb, "optimizer": opt * n_params / gb,
+        "reference": 2 * n_params / gb,
+        "kv_cache": rows * seq * layers * 2 * kv_heads * head_dim * 2 / gb,
+        "logits": 2 * micro_batch * seq * vocab * 4 / gb,
+    }
+    base = out["weights"] + out["optimizer"] + out["reference"]
+    out["peak"] = max(base + out["kv_cache"], base + out["grads"] + out["logits"])
+    return out

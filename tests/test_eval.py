@@ -1,0 +1,65 @@
+"""evaluate.py / eval.py: report structure, failure-mode rates, CLI and bad input."""
+import json
+
+import pytest
+
+import eval as eval_cli
+from lopti_minimal import kk
+from lopti_minimal.evaluate import evaluate_records, format_table
+from test_trainer import nano_dir  # noqa: F401  (session fixture)
+
+
+@pytest.fixture(scope="module")
+def nano(nano_dir):  # noqa: F811
+    from lopti_minimal.models import load_model_and_tokenizer
+    return load_model_and_tokenizer(nano_dir, device="cpu")
+
+
+def test_report_rates_partition_the_responses(nano):
+    model, tok = nano
+    recs = kk.load_official([3])[:3] + kk.load_official([4])[:2]
+    rep = evaluate_records(model, tok, recs, max_new_tokens=16, progress=False)
+    assert set(rep["per_size"]) == {3, 4}
+    for v in rep["per_size"].values():
+        assert v["accuracy"] + v["format_error"] + v["unparseable"] + v["wrong_answer"] == pytest.approx(1.0)
+        assert v["mean_tokens"] <= 16
+    assert rep["per_size"][3]["n"] == 3 and rep["settings"]["greedy"]
+    # Greedy decoding is deterministic; the table has one row per size plus the mean.
+    again = evaluate_records(model, tok, recs, max_new_tokens=16, progress=False, batch_size=2)
+    assert again["per_size"] == rep["per_size"]
+    assert len(format_table(rep).splitlines()) == 4
+
+
+def test_sampled_evaluation_reports_pass_at_k(nano):
+    model, tok = nano
+    rep = evaluate_records(model, tok, kk.load_official([3])[:2], max_new_tokens=8, samples=3,
+                           temperature=1.0, progress=False, keep_responses=True)
+    assert "pass_at_k" in rep["per_size"][3] and len(rep["responses"]) == 6
+
+
+def test_eval_cli_on_a_model_and_a_jsonl(nano_dir, tmp_path, capsys):  # noqa: F811
+    data = tmp_path / "p.jsonl"
+    kk.save_jsonl(kk.load_official([5])[:2], data)
+    out = tmp_path / "rep.json"
+    assert eval_cli.main(["--model", nano_dir, "--data", str(data), "--max-new-tokens", "8",
+                          "--out", str(out), "--no-progress", "--save-responses"]) == 0
+    rep = json.loads(out.read_text())
+    assert list(rep["per_size"]) == ["5"] and rep["per_size"]["5"]["n"] == 2
+    assert (tmp_path / "rep.responses.jsonl").exists()
+    assert "mean" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--data", "/nonexistent.jsonl"], "cannot read"),
+    (["--sizes", "9"], "3..7"),
+    (["--samples", "0"], "samples"),
+])
+def test_eval_cli_bad_input(args, words, nano_dir, capsys):  # noqa: F811
+    assert eval_cli.main(["--model", nano_dir, "--no-progress", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+
+
+def test_eval_cli_bad_model(capsys):
+    assert eval_cli.main(["--model", "/nonexistent/dir", "--no-progress"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

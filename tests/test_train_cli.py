@@ -1,0 +1,84 @@
+"""train.py: the CI preset end to end (< 60 s), and bad input -> one line, exit code 2,
+nothing written."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import train as train_cli
+from test_trainer import nano_dir  # noqa: F401  (session fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
+
+
+def run_cli(*args, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("LOPTI_TEST_THREADS", "2"))
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--no-progress",
+                        "--threads", env["OMP_NUM_THREADS"]],
+                       capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    return p, time.perf_counter() - t
+
+
+def test_ci_preset_end_to_end_under_60s(nano_dir, tmp_path):  # noqa: F811
+    model = [] if WARM.exists() else ["--model", nano_dir]     # the shipped model once it exists
+    p, seconds = run_cli("--preset", "ci", "--run-dir", str(tmp_path / "run"), *model)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert seconds < 60
+    run = tmp_path / "run"
+    for f in ("run.json", "metrics.jsonl", "eval_final.json", "final/config.json", "training.png",
+              "accuracy_by_size.png", "summary.json"):
+        assert (run / f).exists(), f
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and {"reward", "accuracy", "kl", "clip_frac", "grad_norm",
+                                "low_fraction", "step_s"} <= set(json.loads(lines[0]))
+    assert "step    1/2 | reward" in p.stdout and "Done. Everything is in" in p.stdout
+    # Resume of a finished run with more steps extends it.
+    p, _ = run_cli("--resume", str(run), "--steps", "3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--method", "ppo"], "unknown method"),
+    (["--alpha", "1.2"], "alpha"),
+    (["--eta", "0"], "eta"),
+    (["--group-size", "1"], "group size"),
+    (["--preset", "nope"], "unknown preset"),
+    (["--alpha", "abc"], "invalid float"),
+    (["--data", "/nonexistent/puzzles.jsonl"], "cannot read"),
+    (["--model", "/nonexistent/model"], "not found"),
+])
+def test_bad_input_one_line_exit_2_nothing_written(args, words, tmp_path, capsys, nano_dir):  # noqa: F811
+    run = tmp_path / "run"
+    model = [] if "--model" in args else ["--model", nano_dir]
+    with pytest.raises(SystemExit) as e:
+        raise SystemExit(train_cli.main(args + model + ["--run-dir", str(run), "--no-progress",
+                                                        "--preset" if "--preset" not in args else "--seed",
+                                                        "ci" if "--preset" not in args else "0"]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert not run.exists()
+
+
+def test_resume_of_a_non_run_is_refused(tmp_path, capsys):
+    (tmp_path / "somefile").write_text("x")
+    assert train_cli.main(["--resume", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a lopti-minimal run" in err
+    assert sorted(os.listdir(tmp_path)) == ["somefile"]
+
+
+def test_existing_run_dir_is_not_overwritten(tmp_path, capsys, nano_dir):  # noqa: F811
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "keep.txt").write_text("mine")
+    assert train_cli.main(["--preset", "ci", "--model", nano_dir, "--run-dir", str(run), "--no-progress"]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert sorted(os.listdir(run)) == ["keep.txt"]

@@ -1,0 +1,186 @@
+"""The RL loop (lopti_minimal/trainer.py): config validation, per-step seeding, rollout
+layout, checkpoints, and the exact-resume guarantee (issue 5 §4)."""
+import json
+import math
+
+import pytest
+import torch
+
+from lopti_minimal import trainer
+from lopti_minimal.trainer import TrainError, make_config
+
+TIMING = ("sample_s", "update_s", "step_s")
+
+
+@pytest.fixture(scope="session")
+def nano_dir(tmp_path_factory):
+    """A randomly initialised nano Llama with a small K&K tokenizer, saved as HF folder."""
+    from lopti_minimal.models import make_tiny_model
+    from lopti_minimal.tokenizer import build_tokenizer, kk_corpus
+    out = tmp_path_factory.mktemp("nano")
+    tok = build_tokenizer(kk_corpus(n_per_size=8, sizes=range(3, 6)), vocab_size=400)
+    make_tiny_model("nano", len(tok), tokenizer=tok, seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def length_reward(text, record):
+    """A reward with variance even for a random model (the Logic-RL reward gives -3 to
+    every response of an untrained model, so every advantage would be 0)."""
+    return float(len(text) % 7)
+
+
+def small_cfg(nano_dir, tmp_path, **kw):
+    base = dict(model=nano_dir, steps=4, save_every=2, prompts_per_step=2, group_size=4,
+                max_new_tokens=24, rl_per_size=10, final_eval=False, plots=False, progress=False,
+                lr=3e-3, cache_dir=str(tmp_path / "cache"), run_dir=str(tmp_path / "run"))
+    base.update(kw)
+    return make_config("ci", **base)
+
+
+def strip(ms):
+    return [{k: v for k, v in m.items() if k not in TIMING} for m in ms]
+
+
+# ----------------------------------------------------------------------------- config
+
+def test_presets_are_valid_and_gpu_presets_keep_reference_values():
+    for name in trainer.PRESETS:
+        make_config(name)
+    for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"):
+        c = make_config(name)
+        assert (c.lr, c.temperature, c.group_size, c.prompts_per_step) == (1e-6, 0.7, 8, 64)
+        assert c.gradient_checkpointing and c.dtype == "bfloat16"
+    d = make_config()
+    assert (d.method, d.alpha, d.eta, d.preset) == ("ar_lopti", 0.3, 0.5, "cpu-tiny")
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(method="ppo"), "unknown method"), (dict(alpha=1.5), "alpha"), (dict(alpha=-0.1), "alpha"),
+    (dict(eta=0.0), "eta"), (dict(eta=1.01), "eta"), (dict(group_size=1), "group size"),
+    (dict(steps=0), "steps")])
+def test_bad_config_is_rejected(kw, words):
+    with pytest.raises(TrainError, match=words):
+        make_config("cpu-tiny", **kw)
+    with pytest.raises(TrainError, match="unknown preset"):
+        make_config("nope")
+
+
+def test_config_json_round_trip():
+    c = make_config("cpu-tiny", seed=3)
+    assert trainer.config_from_json(json.loads(json.dumps(trainer.config_to_json(c)))) == c
+
+
+# ----------------------------------------------------------------------------- seeding
+
+def test_step_prompts_cover_each_epoch_and_depend_only_on_seed_and_step():
+    n, k = 10, 3
+    seen = [i for s in range(10) for i in trainer.step_prompt_indices(0, s, k, n)]
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
+    assert trainer.step_prompt_indices(0, 7, k, n) == trainer.step_prompt_indices(0, 7, k, n)
+    assert trainer.step_prompt_indices(0, 7, k, n) != trainer.step_prompt_indices(1, 7, k, n)
+    a = torch.rand(5, generator=trainer.step_generator(0, 4))
+    assert torch.equal(a, torch.rand(5, generator=trainer.step_generator(0, 4)))
+    assert not torch.equal(a, torch.rand(5, generator=trainer.step_generator(0, 5)))
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+def test_concat_rollouts_keeps_the_layout():
+    from lopti_minimal.sampling import Rollout
+
+    def ro(P, R, fill):
+        ids = torch.full((2, P + R), fill)
+        am = torch.ones(2, P + R, dtype=torch.long)
+        return Rollout(ids, am, ids[:, P:], torch.ones(2, R), torch.full((2, R), -0.5), P, 2)
+
+    c = trainer.concat_rollouts([ro(3, 2, 7), ro(5, 4, 8)], pad_token_id=0)
+    assert c.prompt_len == 5 and c.response_ids.shape == (4, 4) and c.input_ids.shape == (4, 9)
+    assert c.attention_mask[0].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0]     # left pad, right pad
+    assert c.response_mask[0].tolist() == [1, 1, 0, 0]
+    assert c.old_logprobs[0].tolist() == [-0.5, -0.5, 0.0, 0.0]
+
+
+def test_rl_step_first_ratio_is_exactly_one_under_bf16_autocast(nano_dir, tmp_path):
+    cfg = small_cfg(nano_dir, tmp_path, method="grpo", autocast_bf16=True)
+    model, tok = trainer.load_policy(cfg)
+    records, _ = trainer.rl_prompt_set(cfg, progress=False)
+    records, ids = trainer.encode_prompts(records[:2], tok, "auto", 256)
+    m = trainer.rl_step(model, trainer.frozen_copy(model), trainer.make_optimizer(model, cfg),
+                        tok, records, ids, cfg, 0, length_reward)
+    assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0
+    assert m["kl"] == 0.0 and m["grad_norm"] > 0
+    assert 0 <= m["low_fraction"] <= 1 and m["tokens"] > 0
+
+
+# ----------------------------------------------------------------------------- runs
+
+def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
+    """Run A: 4 steps. Run B: interrupted (Ctrl-C) during step 4 after a checkpoint at
+    step 2, then resumed. Metrics (except timings) and final weights must be identical."""
+    a = trainer.train(small_cfg(nano_dir, tmp_path / "a", method="ar_lopti"), reward_fn=length_reward,
+                      log=lambda s: None)
+
+    calls = {"n": 0}
+
+    def interrupting_reward(text, record):
+        calls["n"] += 1
+        if calls["n"] > 3 * 2 * 4:              # 3 steps x 2 prompts x G=4, then Ctrl-C
+            raise KeyboardInterrupt
+        return length_reward(text, record)
+
+    cfg_b = small_cfg(nano_dir, tmp_path / "b", method="ar_lopti")
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(cfg_b, reward_fn=interrupting_reward, log=lambda s: None)
+    run_b = cfg_b.run_dir
+    assert [s for s, _ in trainer.checkpoints(run_b)] == [2]
+    assert len((tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+    b = trainer.train(trainer.resume_config(run_b, progress=False), resume=True,
+                      reward_fn=length_reward, log=lambda s: None)
+
+    assert strip(a["metrics"]) == strip(b["metrics"])
+    assert any(m["grad_norm"] > 0 for m in a["metrics"])         # the test is not vacuous
+    file_b = [json.loads(l) for l in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert strip(file_b) == strip(a["metrics"])
+    from transformers import AutoModelForCausalLM
+    wa = AutoModelForCausalLM.from_pretrained(a["paths"]["final_model"]).state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(b["paths"]["final_model"]).state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_run_dir_layout_and_refusals(nano_dir, tmp_path):
+    cfg = small_cfg(nano_dir, tmp_path, steps=2, save_every=1, keep_checkpoints=1, method="lopti")
+    r = trainer.train(cfg, log=lambda s: None)
+    run = tmp_path / "run"
+    assert trainer.is_run_dir(run)
+    assert [s for s, _ in trainer.checkpoints(run)] == [2]             # older ones pruned
+    assert (run / "final" / "config.json").exists() and (run / "ckpt-000002" / "trainer_state.pt").exists()
+    assert len(r["metrics"]) == 2 and all(math.isfinite(m["reward"]) for m in r["metrics"])
+    # A half-written checkpoint (crash during save) is ignored.
+    (run / "ckpt-000009.tmp").mkdir()
+    assert [s for s, _ in trainer.checkpoints(run)] == [2]
+    # Refusals: an existing run dir without resume; resuming something that is not a run.
+    with pytest.raises(TrainError, match="exists"):
+        trainer.train(cfg, log=lambda s: None)
+    with pytest.raises(TrainError, match="not a lopti-minimal run"):
+        trainer.resume_config(tmp_path)
+    with pytest.raises(TrainError, match="no such directory"):
+        trainer.resume_config(tmp_path / "missing")
+
+
+def test_unreadable_rl_data_is_a_train_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(TrainError, match="cannot read"):
+        trainer.load_records(bad)
+    with pytest.raises(TrainError, match="cannot read"):
+        trainer.load_records(tmp_path / "missing.jsonl")
+    bad.write_text('{"quiz": "x"}\n')
+    with pytest.raises(TrainError, match="not a K&K record"):
+        trainer.load_records(bad)
+
+
+def test_memory_estimate_orders_models():
+    small = trainer.memory_estimate_gb(0.49e9, 24, 2, 64, 151936, 16, 4500, 2)
+    big = trainer.memory_estimate_gb(3.09e9, 36, 2, 128, 151936, 16, 2448, 1, optimizer="adafactor")
+    assert small["peak"] < 24 and big["peak"] < 24 and big["weights"] > small["weights"]
