@@ -15,20 +15,30 @@ Two styles, both correct by construction (tests/test_explain.py replays every st
 
 (b) `compact_explanation` — a short, regular trace for a ~3M-parameter model trained on CPU
     (n = 3..5).  Design rule: every token is predictable from nearby context by a short
-    local lookup.  So it (1) restates each claim compactly, one per line
-    ("Amelia: not Evelyn"), (2) runs a depth-first search over people in *speaker order*
-    (T = knight first, then F = knave), where each node line re-writes the whole partial
-    assignment ("Amelia=T Penelope=T Evelyn=F:") so that values never have to be looked up
-    far away, and (3) at each node checks only the claims that just became decidable (all
-    people they involve, and the speaker, assigned, with the newest person among them), by
-    substituting T/F into the compact claim and writing the value and the verdict:
+    local lookup.  So it
+    (1) restates each claim compactly, one per line, and says at which person of the
+        search it becomes decidable ("at X": the last person in speaker order among the
+        speaker and the people the claim mentions):  "  Amelia: not Evelyn (at Evelyn)";
+    (2) runs a depth-first search over people in *speaker order* (T = knight first, then
+        F = knave), where each node line re-writes the whole partial assignment
+        ("try Amelia=T Penelope=T Evelyn=F") so that values never have to be looked up far
+        away;
+    (3) at each node checks only the claims that just became decidable (those marked "at"
+        the newest person), in speaker order, by copying the claim with each person's
+        value written next to their name (a one-step lookup in the node line), then the
+        claim's value and the verdict:
 
-        Amelia T: not F = T ok        (speaker Amelia is T; the claim is T; T == T: ok)
-        Evelyn F: T iff not T = T bad (a knave's claim must be false)
+          Amelia=T: not Evelyn=F = T ok        (the claim is T and Amelia is T: ok)
+          Evelyn=F: Penelope=T iff not Penelope=T = T bad   (a knave's claim must be false)
 
     The first "bad" ends the node; the next node line is the next node in DFS order (the
     sibling, or after backtracking), which is visible from the re-written assignment.  The
-    trace ends with "found: Amelia=T Penelope=T Evelyn=F" at the unique solution.
+    trace ends with "found Amelia=T Penelope=T Evelyn=F" at the unique solution.
+    Tokenization matters for a model this small: every line that starts with a name is
+    indented ("  Amelia"), so a name is always the same token (" Amelia"), in the quiz,
+    the claims, the node lines and the checks; a lookup is then an exact token match.
+    (Revised by the models engineer, issue 3, from an earlier version that wrote bare T/F
+    in place of the names, which needs two chained lookups per value.)
 
 Compact claim notation: a leaf is a literal — "X" (X is a knight) or "not X" (X is a
 knave); a negated leaf is simplified ("X is not a knave" -> "X"); operators "A and B",
@@ -259,32 +269,40 @@ def compact_trace(statements) -> list[tuple]:
 def compact_explanation(record: dict | None = None, *, statements=None, names=None) -> str:
     """The compact trace as text (see the module docstring).  Example (3 people):
 
-        Amelia: not Evelyn
-        Penelope: Penelope or not Evelyn
-        Evelyn: Penelope iff not Penelope
-        Amelia=T:
-        Amelia=T Penelope=T:
-        Amelia=T Penelope=T Evelyn=T:
-        Amelia T: not T = F bad
-        Amelia=T Penelope=T Evelyn=F:
-        Amelia T: not F = T ok
-        Penelope T: T or not F = T ok
-        Evelyn F: T iff not T = F ok
-        found: Amelia=T Penelope=T Evelyn=F
+          Amelia: not Evelyn (at Evelyn)
+          Penelope: Penelope or not Evelyn (at Evelyn)
+          Evelyn: Penelope iff not Penelope (at Evelyn)
+        try Amelia=T
+        try Amelia=T Penelope=T
+        try Amelia=T Penelope=T Evelyn=T
+          Amelia=T: not Evelyn=T = F bad
+        try Amelia=T Penelope=T Evelyn=F
+          Amelia=T: not Evelyn=F = T ok
+          Penelope=T: Penelope=T or not Evelyn=F = T ok
+          Evelyn=F: Penelope=T iff not Penelope=T = F ok
+        found Amelia=T Penelope=T Evelyn=F
     """
     statements, names = _statements_and_names(record, statements, names)
-    lines = [f"{names[i]}: {compact_claim(s, names)}" for i, s in enumerate(statements)]
+    n = len(names)
+    at = {i: k for k, speakers in enumerate(decidable_at(statements)) for i in speakers}
+    lines = [f"  {names[i]}: {compact_claim(s, names)} (at {names[at[i]]})"
+             for i, s in enumerate(statements)]
     node: tuple = ()
     for event in compact_trace(statements):
         if event[0] == "node":
             node = event[1]
-            lines.append(" ".join(f"{names[j]}={_tf(v)}" for j, v in enumerate(node)) + ":")
+            lines.append("try " + _assignment(node, names))
         elif event[0] == "check":
             _, i, claim, fine = event
-            labels = [_tf(v) for v in node] + ["?"] * (len(names) - len(node))
-            lines.append(f"{names[i]} {_tf(node[i])}: {compact_claim(statements[i], labels)}"
+            # Each person written with their value: "Evelyn=F".  Every person a decidable
+            # claim mentions is assigned; "?" would mark one that is not (never happens).
+            labels = [f"{names[j]}={_tf(node[j]) if j < len(node) else '?'}" for j in range(n)]
+            lines.append(f"  {names[i]}={_tf(node[i])}: {compact_claim(statements[i], labels)}"
                          f" = {_tf(claim)} {'ok' if fine else 'bad'}")
         else:
-            lines.append("found: " + " ".join(
-                f"{names[j]}={_tf(v)}" for j, v in enumerate(event[1])))
+            lines.append("found " + _assignment(event[1], names))
     return "\n".join(lines)
+
+
+def _assignment(node: tuple, names) -> str:
+    return " ".join(f"{names[j]}={_tf(v)}" for j, v in enumerate(node))

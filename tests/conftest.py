@@ -8,3 +8,40 @@ import os
 import torch
 
 torch.set_num_threads(int(os.environ.get("LOPTI_TEST_THREADS", "2")))
+
+
+# ---------------------------------------------------------------------------------------
+# Shared model fixtures (issue 3).  Session-scoped: built once per pytest run.
+# ---------------------------------------------------------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def kk_tokenizer():
+    """A K&K byte-level BPE built the way the shipped one is, on a smaller corpus (fast)."""
+    from lopti_minimal.tokenizer import build_kk_tokenizer
+    return build_kk_tokenizer(n_per_size=60)
+
+
+@pytest.fixture(scope="session")
+def tiny_warm(tmp_path_factory, kk_tokenizer):
+    """(model, tokenizer): the "nano" tiny model warm-started for a few hundred steps
+    (~30 s on one core) on generated 3-person puzzles, saved and reloaded from a
+    session temporary folder (so the checkpoint path is exercised too).
+
+    It has learned the response format only partly, so its response tokens spread over
+    all probability bins: templated tokens (tags, "=", names copied from the quiz) above
+    0.75 and the search decisions and truth values often below 0.25 -- what the per-bin
+    gradient tests need.  Deterministic for its seed; eval mode, float32."""
+    from lopti_minimal.models import load_model_and_tokenizer
+    from lopti_minimal.warmstart import WarmStartConfig, warm_start
+
+    out = str(tmp_path_factory.mktemp("tiny_warm") / "ckpt")
+    cfg = WarmStartConfig(preset="nano", out=out, steps=TINY_WARM_STEPS, lr=1e-2, warmup_steps=20,
+                          tokens_per_batch=2048, curriculum=((0.0, {3: 1}),), eval_per_size=0,
+                          final_eval_per_size=0, progress=False, seed=0)
+    warm_start(cfg, tokenizer=kk_tokenizer, log=lambda s: None)
+    return load_model_and_tokenizer(out, dtype=torch.float32, device="cpu")
+
+
+TINY_WARM_STEPS = 300
