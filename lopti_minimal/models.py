@@ -1,0 +1,256 @@
+"""Models: the tiny Llama presets, and one loader for any causal LM.
+
+Two tiers (DESIGN.md section 6):
+- the *tiny* tier: a Llama-architecture model from ``transformers`` with a small config and
+  our own K&K tokenizer (tokenizer.py), trained from scratch on a CPU (warmstart.py);
+- the *pretrained* tier: any Hugging Face causal LM, from a local directory, a hub id (where
+  the hub is reachable) or a ``.gguf`` file (dequantized by transformers on load).
+
+Both are ordinary ``PreTrainedModel`` objects, so the RL code never cares which tier it
+trains, and both are saved with ``save_pretrained``.
+
+Prompting (DESIGN.md section 5, "an instruct model needs its chat template, or it never
+stops"): ``kk_prompt`` builds the official Qwen-style system + user prompt through the
+tokenizer's chat template for instruct models, and the compact prompt for our tiny model,
+which has no chat template.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+
+class ModelLoadError(ValueError):
+    """A one-line message saying what is wrong with the input and how to fix it."""
+
+
+# ---------------------------------------------------------------------------------------
+# Tiny presets
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TinyPreset:
+    hidden: int            # d_model
+    layers: int
+    heads: int
+    kv_heads: int          # grouped-query attention as in Llama/Qwen; == heads means MHA
+    intermediate: int      # SwiGLU width (~8/3 * hidden, rounded)
+    max_positions: int     # longest prompt + response the RoPE cache is sized for
+
+
+# Sizes for a 2-core CPU.  Parameter counts (README) are for the shipped 1,024-entry
+# vocabulary with tied input/output embeddings (tying saves vocab x hidden parameters,
+# a large share at this size).
+TINY_PRESETS: dict[str, TinyPreset] = {
+    # Tests only: a forward+backward of a few hundred tokens in milliseconds.
+    "nano": TinyPreset(hidden=64, layers=2, heads=4, kv_heads=4, intermediate=176, max_positions=4096),
+    # The shipped warm-start model.
+    "tiny": TinyPreset(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=688, max_positions=4096),
+    # Wider and deeper: better per step, ~3x slower per step on a CPU.
+    "small": TinyPreset(hidden=384, layers=6, heads=6, kv_heads=6, intermediate=1024, max_positions=4096),
+}
+
+
+def tiny_config(preset: str, vocab_size: int, *, bos_token_id: int = 1, eos_token_id: int = 2,
+                pad_token_id: int = 0) -> LlamaConfig:
+    """The ``LlamaConfig`` of a named preset (see ``TINY_PRESETS``)."""
+    if preset not in TINY_PRESETS:
+        raise ModelLoadError(f"unknown tiny preset {preset!r}: choose one of {', '.join(TINY_PRESETS)}")
+    p = TINY_PRESETS[preset]
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=p.hidden, num_hidden_layers=p.layers,
+        num_attention_heads=p.heads, num_key_value_heads=p.kv_heads,
+        intermediate_size=p.intermediate, max_position_embeddings=p.max_positions,
+        tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=10000.0,
+        bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+        attn_implementation="sdpa",  # fused scaled-dot-product attention, also on CPU
+        use_cache=True,
+    )
+
+
+def make_tiny_model(preset: str, vocab_size: int, *, tokenizer=None, seed: int = 0,
+                    gradient_checkpointing: bool = False) -> LlamaForCausalLM:
+    """A freshly initialised tiny Llama (float32).  Pass ``tokenizer`` to copy its special ids."""
+    ids = {}
+    if tokenizer is not None:
+        ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)   # the init draws from the global generator
+    model = LlamaForCausalLM(tiny_config(preset, vocab_size, **ids))
+    set_gradient_checkpointing(model, gradient_checkpointing)
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def set_gradient_checkpointing(model, enabled: bool) -> None:
+    """Switch gradient checkpointing: recompute each decoder layer's activations in the
+    backward pass instead of keeping them, trading ~1 extra forward for memory.
+
+    Non-reentrant checkpointing is used because it is exact (same gradients) and works
+    when the inputs (token ids) do not require grad.
+    """
+    # transformers >= 5.x names it "activation checkpointing"; older versions only have
+    # the gradient_checkpointing_* methods (deprecated since, same behaviour).
+    if enabled:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def is_gradient_checkpointing(model) -> bool:
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on a GPU (halves memory, native speed); float32 on a CPU, where bf16 matmuls
+    are only fast under autocast and exact float32 log-probs keep the tests tight."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def load_model_and_tokenizer(source: str, dtype: torch.dtype | None = None,
+                             device: torch.device | str | None = None):
+    """Load ``(model, tokenizer)`` from a local HF directory, a ``.gguf`` file or a hub id.
+
+    - directory: must hold ``config.json`` plus weights, and a tokenizer;
+    - ``*.gguf``: weights dequantized by transformers (needs the ``gguf`` package);
+    - anything else that looks like ``owner/name``: a hub id (needs the network).
+
+    The model is put in eval mode on ``device`` with ``dtype`` (defaults above), and the
+    tokenizer is checked against the model (see ``check_tokenizer_matches``).
+    """
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    kwargs: dict = {}
+    if source.endswith(".gguf"):
+        if not os.path.isfile(source):
+            raise ModelLoadError(f"GGUF file not found: {source}: check the path "
+                                 "(for SmolLM2 run `python scripts/fetch_smollm2.py`)")
+        folder, kwargs["gguf_file"] = os.path.split(os.path.abspath(source))
+        source = folder
+    elif os.path.isdir(source):
+        if not os.path.isfile(os.path.join(source, "config.json")):
+            raise ModelLoadError(f"{source} has no config.json: point at a folder written by "
+                                 "save_pretrained (e.g. checkpoints/tiny-warm)")
+    elif os.path.exists(source) or _looks_like_path(source):
+        raise ModelLoadError(f"model path not found or not a model folder: {source}: check the "
+                             "path, or run `python scripts/fetch_smollm2.py` for models/smollm2-135m-instruct")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    except ModelLoadError:
+        raise
+    except OSError as e:
+        if os.path.exists(source):   # local files that transformers could not read
+            raise ModelLoadError(f"cannot load {source} (corrupt or incomplete files?): {_first_line(e)} "
+                                 "-- re-create it (save_pretrained, or re-run the fetch script)") from e
+        raise ModelLoadError(f"cannot load {source}: {_first_line(e)} -- check the path or hub id "
+                             "(offline, use a local folder)") from e
+    except Exception as e:  # corrupt weights / config / gguf: name the file and the fix
+        raise ModelLoadError(f"cannot load {source} (corrupt or incomplete files?): {_first_line(e)} "
+                             "-- re-create it (save_pretrained, or re-run the fetch script)") from e
+    _drop_gguf_quantizer(model)
+    check_tokenizer_matches(model, tokenizer)
+    if tokenizer.pad_token is None:
+        # Some instruct tokenizers ship without pad; eos as pad is safe because our masks
+        # come from lengths, not from comparing ids with pad (DESIGN.md section 5).
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def _looks_like_path(s: str) -> bool:
+    """True unless ``s`` can only be a hub id ("owner/name").  "checkpoints/x" whose first
+    part is a local folder is a path (a missing one), not a hub id to look up online."""
+    if s.startswith((".", "/", "~")) or s.count("/") != 1 or s.endswith((".json", ".safetensors", ".bin")):
+        return True
+    return os.path.isdir(s.split("/")[0])
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else type(e).__name__
+
+
+def _drop_gguf_quantizer(model) -> None:
+    """A model loaded from GGUF is already dequantized to ``dtype``, but transformers keeps
+    a GGUF "quantizer" on it that refuses ``save_pretrained``.  Dropping it makes the model
+    an ordinary float model (what it is), savable as safetensors."""
+    if getattr(model, "hf_quantizer", None) is not None and \
+            type(model.hf_quantizer).__name__.lower().startswith("gguf"):
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+
+
+def check_tokenizer_matches(model, tokenizer) -> None:
+    """A tokenizer that does not fit the model fails loudly here instead of producing
+    garbage: every token id must index the embedding table."""
+    n_emb = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > n_emb:
+        raise ModelLoadError(f"tokenizer has {len(tokenizer)} tokens but the model embeds only {n_emb}: "
+                             "load the tokenizer saved with this model (same folder)")
+    for name in ("eos_token_id", "bos_token_id"):
+        tid = getattr(tokenizer, name)
+        if tid is not None and tid >= n_emb:
+            raise ModelLoadError(f"tokenizer {name}={tid} is outside the model's {n_emb} embeddings: "
+                                 "load the tokenizer saved with this model (same folder)")
+
+
+def is_instruct(tokenizer) -> bool:
+    """An instruct model is one whose tokenizer carries a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+# ---------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------
+
+def kk_prompt(record: dict, tokenizer, style: str = "auto") -> str:
+    """The K&K prompt text for ``record`` as this tokenizer's model expects it.
+
+    style: ``"qwen"`` — the official system prompt and user turn through the tokenizer's
+    chat template, then ``"<think>"`` (as in the paper's runs); ``"compact"`` — the tiny
+    model's prompt (prompts.compact_prompt); ``"auto"`` — qwen if the tokenizer has a chat
+    template, else compact.  Both end in ``"<think>"``.
+    """
+    from . import prompts
+    if style == "auto":
+        style = "qwen" if is_instruct(tokenizer) else "compact"
+    if style == "compact":
+        return prompts.compact_prompt(record["quiz"])
+    if style != "qwen":
+        raise ModelLoadError(f"unknown prompt style {style!r}: use 'qwen', 'compact' or 'auto'")
+    if not is_instruct(tokenizer):
+        raise ModelLoadError("this tokenizer has no chat template, so the instruct (qwen) prompt cannot "
+                             "be built: use style='compact' for the tiny model, or an instruct model")
+    # The official records' user turn is the quiz plus a newline (prompts.qwen_prompt); with
+    # a ChatML template (Qwen2.5, SmolLM2) this reproduces their `prompt` field exactly.
+    messages = [{"role": "system", "content": prompts.QWEN_SYSTEM},
+                {"role": "user", "content": record["quiz"] + "\n"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return text + prompts.THINK_OPEN

@@ -1,0 +1,422 @@
+"""Supervised warm start of the tiny model: next-token loss on the response only.
+
+RL needs a policy that already writes well-formed answers and is sometimes right: GRPO
+learns only from groups whose rewards differ (DESIGN.md section 2, a group with equal
+rewards has advantage 0).  A model trained from scratch therefore first imitates
+generated solutions — prompt (prompts.compact_prompt) followed by the target response
+(prompts.target_response: the compact explanation of explain.py, then the answer) — with
+the loss on the response tokens only (the prompt is given, never predicted).
+
+What makes this fast on a 2-core CPU (measured by a prototype, issue 3):
+- bf16 autocast on CPU: about 2x the float32 speed; the master weights stay float32.
+- as many torch threads as free cores (oversubscription was 8x slower).
+- a curriculum from small to large puzzles: the short ones teach the format in minutes.
+- batches of one puzzle size at a time with a fixed token budget, so little padding.
+- cosine learning-rate decay to a small floor, over the wall-clock budget (--minutes) or
+  a fixed number of steps (--steps, reproducible).
+
+Evaluation is greedy decoding (KV cache via model.generate) scored by the Logic-RL reward
+(reward.score_response): accuracy = share of responses scoring 3, format = share whose
+format part is +1, per puzzle size, on held-out generated puzzles and the official sets.
+
+CLI (the shipped checkpoint, README):
+    python -m lopti_minimal.warmstart --preset tiny --minutes 75 --threads 2 --out checkpoints/tiny-warm
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+
+# ---------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class WarmStartConfig:
+    preset: str = "tiny"
+    out: str = "checkpoints/tiny-warm"
+    minutes: float = 75.0            # wall-clock budget of the training loop (excl. final eval)
+    steps: int | None = None         # if set, a fixed step budget instead of minutes
+    lr: float = 2e-3                 # peak AdamW learning rate
+    min_lr_ratio: float = 0.05       # cosine floor, as a fraction of lr
+    warmup_steps: int = 50
+    weight_decay: float = 0.05
+    tokens_per_batch: int = 4096     # prompt + response tokens per optimizer step
+    # Curriculum: (progress, {size: weight}); the last stage whose start <= progress applies.
+    curriculum: tuple = ((0.0, {2: 1, 3: 2}), (0.08, {2: 1, 3: 3, 4: 2}),
+                         (0.25, {3: 3, 4: 3, 5: 2}), (0.5, {3: 2, 4: 3, 5: 3}))
+    vocab_size: int = 1024
+    seed: int = 0
+    threads: int | None = None       # torch intra-op threads (None: leave as is)
+    bf16: bool = True                # bf16 autocast (CPU and GPU)
+    eval_every_minutes: float = 12.0
+    eval_every_steps: int | None = None
+    eval_sizes: tuple = (3, 4)       # periodic evaluation (official and held-out)
+    eval_per_size: int = 20          # official puzzles per size at each periodic evaluation
+    heldout_per_size: int = 20       # generated held-out puzzles per size (0: none)
+    final_eval_sizes: tuple = (3, 4, 5, 6, 7)
+    final_eval_per_size: int = 100
+    # Response caps per size: above the longest compact target seen for sizes 3..5 at
+    # the 95th percentile, so a model that has learned the format is never cut short
+    # there; 6 and 7 people need longer searches and are capped to keep evaluation cheap.
+    max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 450, 4: 800, 5: 1200, 6: 2048, 7: 2048})
+    progress: bool = True
+
+
+# ---------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------
+
+def default_prompt(record: dict) -> str:
+    from . import prompts
+    return prompts.compact_prompt(record["quiz"])
+
+
+def default_response(record: dict) -> str:
+    from . import prompts
+    return prompts.target_response(record, "compact")
+
+
+class PuzzleStream:
+    """An endless supply of generated training records per size, excluding held-out puzzles.
+
+    Records come in chunks from kk.generate_records with a fresh seed per chunk (so the
+    stream is deterministic for cfg.seed); puzzles of the official test sets and of our
+    held-out set are excluded by puzzle key.  Tiny sizes have few distinct puzzles
+    (about 180 for 2 people), so a chunk request is capped by what exists.
+    """
+
+    def __init__(self, seed: int, exclude: set, chunk: int = 256):
+        self.seed, self.exclude, self.chunk = seed, exclude, chunk
+        self.buffers: dict[int, list] = {}
+        self.calls = 0
+
+    def next(self, n: int) -> dict:
+        buf = self.buffers.setdefault(n, [])
+        if not buf:
+            from . import kk
+            self.calls += 1
+            seed = self.seed * 1_000_003 + self.calls * 7919 + n
+            count = self.chunk
+            while True:
+                try:
+                    recs = kk.generate_records(n, count, seed=seed, exclude=self.exclude)
+                    break
+                except kk.InfeasibleRequest:
+                    count //= 2   # small n: fewer distinct puzzles than a chunk
+            random.Random(seed).shuffle(recs)
+            buf.extend(recs)
+        return buf.pop()
+
+
+def encode_example(tokenizer, prompt: str, response: str) -> tuple[list[int], int]:
+    """Token ids of prompt + response + eos, and the prompt length (the loss starts there).
+
+    Prompt and response are tokenized separately, exactly as at sampling time, where the
+    model continues the tokenized prompt; the tokenizer adds bos in front of the prompt."""
+    p = tokenizer(prompt)["input_ids"]
+    r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return p + r, len(p)
+
+
+PAD_MULTIPLE = 64
+
+
+def collate(examples: list[tuple[list[int], int]], pad_id: int, multiple: int = PAD_MULTIPLE):
+    """Right-padded batch: input_ids, attention_mask, loss_mask ([B, T]).
+
+    loss_mask[b, t] = 1 where token t+1 is a response token (or the final eos), i.e. it
+    marks the positions whose next-token prediction is trained.
+
+    T is rounded up to a multiple of 64: the CPU's bf16 matmul kernels (oneDNN) are built
+    per input shape, and with a new shape every step training ran 2.5x slower and its
+    memory kept growing (measured); a few recurring shapes avoid that."""
+    T = max(len(ids) for ids, _ in examples)
+    T = -(-T // multiple) * multiple
+    B = len(examples)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    loss_mask = torch.zeros(B, T - 1)
+    for b, (ids, n_prompt) in enumerate(examples):
+        input_ids[b, :len(ids)] = torch.tensor(ids)
+        attn[b, :len(ids)] = 1
+        loss_mask[b, n_prompt - 1:len(ids) - 1] = 1.0
+    return input_ids, attn, loss_mask
+
+
+def response_loss(model, input_ids, attn, loss_mask, bf16: bool = True) -> torch.Tensor:
+    """Mean next-token cross-entropy over the response tokens (prompt and padding masked)."""
+    device_type = input_ids.device.type
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]
+    nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                          input_ids[:, 1:].reshape(-1), reduction="none").view_as(loss_mask)
+    return (nll * loss_mask).sum() / loss_mask.sum()
+
+
+# ---------------------------------------------------------------------------------------
+# Greedy evaluation
+# ---------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def greedy_responses(model, tokenizer, prompts: list[str], max_new_tokens: int,
+                     batch_size: int = 50, bf16: bool = True) -> list[str]:
+    """Greedy continuations of ``prompts``, decoded without special tokens (the text the
+    reward scores).  Uses the RL sampler (sampling.sample_groups, greedy, static KV cache):
+    the same decoding code as the rollouts, and faster than model.generate on a CPU."""
+    from .sampling import sample_groups
+    model.eval()
+    device = next(model.parameters()).device
+    out: list[str] = []
+    for i in range(0, len(prompts), batch_size):
+        ids = [tokenizer(p)["input_ids"] for p in prompts[i:i + batch_size]]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            r = sample_groups(model, ids, 1, max_new_tokens, greedy=True,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        for row, m in zip(r.response_ids, r.response_mask):
+            out.append(tokenizer.decode(row[m > 0].tolist(), skip_special_tokens=True))
+    return out
+
+
+def score(record: dict, response: str):
+    from . import reward
+    return reward.score_response(response, record["solution_text_format"])
+
+
+def evaluate(model, tokenizer, records: list[dict], max_new_tokens: dict | int,
+             prompt_fn=default_prompt, bf16: bool = True, batch_size: int = 50) -> dict:
+    """Per size: accuracy (total == 3), format (format part +1), mean response tokens."""
+    by_size: dict[int, list] = {}
+    for r in records:
+        by_size.setdefault(r["n_people"], []).append(r)
+    result = {}
+    for n, recs in sorted(by_size.items()):
+        m = max_new_tokens if isinstance(max_new_tokens, int) else max_new_tokens.get(n, 2048)
+        resp = greedy_responses(model, tokenizer, [prompt_fn(r) for r in recs], m, batch_size, bf16)
+        scores = [score(r, s) for r, s in zip(recs, resp)]
+        result[n] = {
+            "accuracy": sum(s.total == 3 for s in scores) / len(recs),
+            "format": sum(s.format_score > 0 for s in scores) / len(recs),
+            "mean_tokens": sum(len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in resp) / len(recs),
+            "n": len(recs),
+        }
+    return result
+
+
+def format_eval(res: dict) -> str:
+    return "  ".join(f"{n}p acc {v['accuracy']:.2f} fmt {v['format']:.2f}" for n, v in res.items())
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------
+
+def save_checkpoint(model, tokenizer, out: str, info: dict) -> None:
+    """Save as a Hugging Face folder: bf16 safetensors + config + tokenizer + info json.
+
+    Written to a temporary folder first and then renamed, so an interruption never
+    leaves a half-written checkpoint in ``out``."""
+    tmp = out.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    # bf16 halves the file; the weights came from bf16 autocast training anyway.
+    sd = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
+    dtype0 = model.config.dtype
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+    model.config.dtype = dtype0
+    tokenizer.save_pretrained(tmp)
+    with open(os.path.join(tmp, "warmstart.json"), "w") as f:
+        json.dump(info, f, indent=1, default=str)
+    old = out.rstrip("/") + ".old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(out):
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------
+
+def lr_at(progress: float, step: int, cfg: WarmStartConfig) -> float:
+    """Linear warmup, then cosine decay from lr to min_lr_ratio * lr over the budget."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    p = min(max(progress, 0.0), 1.0)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def size_weights(progress: float, cfg: WarmStartConfig) -> dict:
+    stage = cfg.curriculum[0][1]
+    for start, weights in cfg.curriculum:
+        if progress >= start:
+            stage = weights
+    return stage
+
+
+def heldout_records(sizes, per_size: int, seed: int = 99_991, exclude: set = frozenset()) -> list[dict]:
+    """Generated puzzles kept out of training (a fixed seed, disjoint from the official set)."""
+    from . import kk
+    out = []
+    for n in sizes:
+        out += kk.generate_records(n, per_size, seed=seed + n, exclude=exclude)
+    return out
+
+
+def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, prompt_fn=default_prompt,
+               response_fn=default_response, log=print) -> tuple:
+    """Train (from scratch unless ``model``/``tokenizer`` are given) and save to cfg.out.
+
+    Returns (model, tokenizer, history) where history holds the evaluations."""
+    from . import kk
+    from .models import count_parameters, make_tiny_model
+    from .tokenizer import build_kk_tokenizer
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    if tokenizer is None:
+        tokenizer = build_kk_tokenizer(vocab_size=cfg.vocab_size)
+    if model is None:
+        model = make_tiny_model(cfg.preset, len(tokenizer), tokenizer=tokenizer, seed=cfg.seed)
+    log(f"[warmstart] preset {cfg.preset}: {count_parameters(model):,} parameters, "
+        f"vocab {len(tokenizer)}, threads {torch.get_num_threads()}")
+
+    official = kk.load_official()
+    heldout = heldout_records(cfg.eval_sizes, cfg.heldout_per_size, exclude=kk.keys_of(official)) \
+        if cfg.heldout_per_size > 0 else []
+    stream = PuzzleStream(cfg.seed, exclude=kk.keys_of(official) | kk.keys_of(heldout))
+
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.weight_decay)
+    batch_size: dict[int, int] = {}     # per puzzle size, fixed (recurring shapes, see collate)
+    history: list[dict] = []
+    best = -1.0
+    budget_s = cfg.minutes * 60
+    t0 = time.time()
+    last_eval = t0
+    step = 0
+    bar = tqdm(total=cfg.steps or int(budget_s), disable=not cfg.progress, file=sys.stderr,
+               unit="step" if cfg.steps else "s", mininterval=5)
+    ema = None
+
+    def progress() -> float:
+        return step / cfg.steps if cfg.steps else (time.time() - t0) / budget_s
+
+    def do_eval(final: bool = False):
+        nonlocal best, last_eval
+        if (cfg.final_eval_per_size if final else cfg.eval_per_size) <= 0:   # evaluation off
+            if final:
+                save_checkpoint(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
+            return
+        sizes = cfg.final_eval_sizes if final else cfg.eval_sizes
+        per = cfg.final_eval_per_size if final else cfg.eval_per_size
+        off = [r for n in sizes for r in [x for x in official if x["n_people"] == n][:per]]
+        te = time.time()
+        res_off = evaluate(model, tokenizer, off, cfg.max_new_tokens, prompt_fn, cfg.bf16)
+        res_held = evaluate(model, tokenizer, heldout, cfg.max_new_tokens, prompt_fn, cfg.bf16) \
+            if heldout else {}
+        model.train()
+        entry = {"step": step, "minutes": round((time.time() - t0) / 60, 2), "loss": ema,
+                 "official": res_off, "heldout": res_held, "final": final,
+                 "eval_seconds": round(time.time() - te, 1)}
+        history.append(entry)
+        log(f"[eval] step {step} min {entry['minutes']:.1f} loss {ema:.4f} ({entry['eval_seconds']}s)\n"
+            f"  official: {format_eval(res_off)}\n  held-out: {format_eval(res_held)}")
+        # Keep the best checkpoint by official accuracy on 3 and 4 people (the targets):
+        # later steps are usually better, but an interrupted or unlucky run keeps its best.
+        metric = sum(res_off[n]["accuracy"] for n in (3, 4) if n in res_off)
+        if final or metric >= best:
+            best = max(best, metric)
+            save_checkpoint(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
+            log(f"[save] {cfg.out} (metric {metric:.2f})")
+        last_eval = time.time()
+
+    model.train()
+    while True:
+        p = progress()
+        if p >= 1.0:
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(p, step, cfg)
+        weights = size_weights(p, cfg)
+        n = rng.choices(list(weights), weights=list(weights.values()))[0]
+        if n not in batch_size:   # from the mean length of a sample of this size
+            sample = [stream.next(n) for _ in range(32)]
+            mean = sum(len(encode_example(tokenizer, prompt_fn(r), response_fn(r))[0]) for r in sample) / 32
+            batch_size[n] = max(1, round(cfg.tokens_per_batch / mean))
+        recs = [stream.next(n) for _ in range(batch_size[n])]
+        examples = [encode_example(tokenizer, prompt_fn(r), response_fn(r)) for r in recs]
+        ids, attn, mask = collate(examples, tokenizer.pad_token_id)
+        loss = response_loss(model, ids, attn, mask, cfg.bf16)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if cfg.steps:
+            bar.update(1)
+        else:
+            bar.n = min(int(time.time() - t0), int(budget_s))
+            bar.refresh() if step % 20 == 0 else None
+        bar.set_postfix(loss=f"{ema:.3f}", n=n, lr=f"{opt.param_groups[0]['lr']:.1e}", refresh=False)
+        due = (cfg.eval_every_steps and step % cfg.eval_every_steps == 0) or \
+              (not cfg.eval_every_steps and time.time() - last_eval > cfg.eval_every_minutes * 60)
+        if due:
+            do_eval()
+    bar.close()
+    log(f"[warmstart] {step} steps in {(time.time() - t0) / 60:.1f} min; final evaluation")
+    do_eval(final=True)
+    return model, tokenizer, history
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Supervised warm start of the tiny K&K model.")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--minutes", type=float, default=75.0, help="training wall-clock budget")
+    ap.add_argument("--steps", type=int, default=None, help="fixed step budget (overrides --minutes)")
+    ap.add_argument("--out", default="checkpoints/tiny-warm")
+    ap.add_argument("--lr", type=float, default=WarmStartConfig.lr)
+    ap.add_argument("--tokens-per-batch", type=int, default=WarmStartConfig.tokens_per_batch)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every-minutes", type=float, default=WarmStartConfig.eval_every_minutes)
+    ap.add_argument("--no-bf16", action="store_true", help="train in float32 (about 2x slower on CPU)")
+    ap.add_argument("--eval-per-size", type=int, default=WarmStartConfig.eval_per_size,
+                    help="official puzzles per size at each periodic evaluation (0: none)")
+    ap.add_argument("--heldout-per-size", type=int, default=WarmStartConfig.heldout_per_size)
+    ap.add_argument("--final-eval-per-size", type=int, default=100)
+    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar (log files)")
+    a = ap.parse_args(argv)
+    cfg = WarmStartConfig(preset=a.preset, minutes=a.minutes, steps=a.steps, out=a.out, lr=a.lr,
+                          tokens_per_batch=a.tokens_per_batch, threads=a.threads or os.cpu_count(),
+                          seed=a.seed, eval_every_minutes=a.eval_every_minutes, bf16=not a.no_bf16,
+                          eval_per_size=a.eval_per_size, heldout_per_size=a.heldout_per_size,
+                          final_eval_per_size=a.final_eval_per_size, progress=not a.no_progress)
+    _, _, hist = warm_start(cfg, log=lambda s: print(s, flush=True))
+    print(json.dumps(hist[-1]["official"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The pretrained tier, offline (issue 3, item 4): SmolLM2-135M-Instruct fetched once by
+`python scripts/fetch_smollm2.py` (CI runs it before the tests) loads in seconds, builds
+the official prompt through its chat template, attempts a K&K answer, and yields per-token
+log-probs; its GGUF original loads through the same loader with the same weights."""
+import os
+import time
+
+import torch
+
+from lopti_minimal import kk, reward
+from lopti_minimal.models import is_instruct, kk_prompt, load_model_and_tokenizer
+from lopti_minimal.sampling import position_ids_from_mask, sample_groups
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOL = os.path.join(ROOT, "models", "smollm2-135m-instruct")
+GGUF = os.path.join(SMOL, "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def teacher_forced_logprobs(model, input_ids, attention_mask, prompt_len):
+    """log pi(o_t) of every response token, recomputed by one forward pass."""
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids_from_mask(attention_mask)).logits
+    R = input_ids.shape[1] - prompt_len
+    lp = torch.log_softmax(logits[:, prompt_len - 1:prompt_len - 1 + R].float(), -1)
+    return lp.gather(-1, input_ids[:, prompt_len:].unsqueeze(-1)).squeeze(-1)
+
+
+def test_smollm2_answers_with_the_official_prompt_and_gives_logprobs():
+    assert os.path.isdir(SMOL), "run `python scripts/fetch_smollm2.py` first"
+    t0 = time.time()
+    model, tok = load_model_and_tokenizer(SMOL, device="cpu")
+    assert time.time() - t0 < 30          # converted safetensors: no dequantization
+    assert model.dtype == torch.float32 and model.config.model_type == "llama"
+    assert is_instruct(tok)
+
+    record = kk.load_official([3])[0]
+    prompt = kk_prompt(record, tok)        # auto: instruct -> chat template
+    assert prompt == record["prompt"]      # byte-identical to the paper's prompt
+    ids = tok(prompt)["input_ids"]
+    roll = sample_groups(model, [ids], group_size=1, max_new_tokens=48, greedy=True,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    n = int(roll.response_mask.sum())
+    text = tok.decode(roll.response_ids[0, :n].tolist(), skip_special_tokens=True)
+    assert len(text.strip()) > 0
+    result = reward.score_response(text, record)
+    assert result.total in (3, -0.5, -1, -3)
+
+    lp = teacher_forced_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_len)[0, :n]
+    assert torch.isfinite(lp).all() and (lp <= 0).all()
+    torch.testing.assert_close(lp, roll.old_logprobs[0, :n], rtol=1e-4, atol=1e-4)
+    # Greedy tokens are the argmax, so each has probability at least 1/V and usually far more.
+    assert lp.exp().mean() > 0.2
+
+
+def test_gguf_loads_through_the_same_loader_with_the_same_weights():
+    a, tok_a = load_model_and_tokenizer(GGUF, device="cpu")
+    b, tok_b = load_model_and_tokenizer(SMOL, device="cpu")
+    text = "A very special island is inhabited only by knights and knaves."
+    assert tok_a(text)["input_ids"] == tok_b(text)["input_ids"]
+    ids = tok_b(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(a(ids).logits, b(ids).logits, rtol=1e-5, atol=1e-5)

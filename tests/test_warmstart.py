@@ -1,0 +1,161 @@
+"""Supervised warm start (issue 3, item 3): response-only loss, batching, schedule, a short
+run that saves a loadable Hugging Face checkpoint, the `tiny_warm` fixture's spread of
+token probabilities, and the shipped checkpoint."""
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lopti_minimal import kk, prompts, reward, warmstart
+from lopti_minimal.models import count_parameters, kk_prompt, load_model_and_tokenizer, make_tiny_model
+from lopti_minimal.warmstart import (WarmStartConfig, collate, encode_example, lr_at,
+                                     response_loss, size_weights)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED = os.path.join(ROOT, "checkpoints", "tiny-warm")
+
+
+def _stored_dtypes(folder):
+    from safetensors import safe_open
+    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+        return {f.get_tensor(k).dtype for k in f.keys()}
+
+
+def _example(tok, n=3, i=0):
+    r = kk.load_official([n])[i]
+    return r, encode_example(tok, prompts.compact_prompt(r["quiz"]), prompts.target_response(r))
+
+
+def test_encode_example_layout(kk_tokenizer):
+    tok = kk_tokenizer
+    r, (ids, n_prompt) = _example(tok)
+    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
+    assert tok.decode(ids[:n_prompt], skip_special_tokens=True) == prompts.compact_prompt(r["quiz"])
+    assert tok.decode(ids[n_prompt:], skip_special_tokens=True) == prompts.target_response(r)
+    assert tok.convert_ids_to_tokens(ids[n_prompt - 1]) == "<think>"
+
+
+def test_collate_masks_prompt_and_padding_and_keeps_eos(kk_tokenizer):
+    tok = kk_tokenizer
+    ex = [_example(tok, 3, 0)[1], _example(tok, 4, 1)[1]]
+    ids, attn, mask = collate(ex, tok.pad_token_id)
+    assert ids.shape[1] % warmstart.PAD_MULTIPLE == 0
+    for b, (seq, n_prompt) in enumerate(ex):
+        L = len(seq)
+        assert attn[b].sum() == L and (ids[b, L:] == tok.pad_token_id).all()
+        # mask[t] trains the prediction of token t+1: exactly the response and its eos.
+        trained = mask[b].nonzero().squeeze(-1) + 1
+        assert trained.tolist() == list(range(n_prompt, L))
+        assert ids[b, trained[-1]] == tok.eos_token_id
+
+
+def test_response_loss_is_mean_nll_of_response_tokens_only(kk_tokenizer):
+    tok = kk_tokenizer
+    model = make_tiny_model("nano", len(tok), tokenizer=tok, seed=0)
+    ex = [_example(tok, 3, 0)[1], _example(tok, 3, 1)[1]]
+    ids, attn, mask = collate(ex, tok.pad_token_id)
+    ours = response_loss(model, ids, attn, mask, bf16=False)
+    # Reference: transformers' own loss with -100 on the prompt and the padding.
+    labels = ids.clone()
+    for b, (seq, n_prompt) in enumerate(ex):
+        labels[b, :n_prompt] = -100
+        labels[b, len(seq):] = -100
+    ref = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    # Changing a prompt token changes the context, never which tokens are scored.
+    assert mask.sum() == (labels[:, 1:] != -100).sum()
+
+
+def test_schedule_and_curriculum():
+    cfg = WarmStartConfig(lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0.0, 0, cfg) == pytest.approx(1e-4)
+    assert lr_at(0.0, 10, cfg) == pytest.approx(1e-3)
+    assert lr_at(0.5, 500, cfg) == pytest.approx(0.55e-3)
+    assert lr_at(1.0, 1000, cfg) == pytest.approx(1e-4)
+    assert lr_at(0.3, 300, cfg) > lr_at(0.6, 600, cfg)
+    sizes = [max(size_weights(p, cfg)) for p in (0.0, 0.1, 0.3, 0.9)]
+    assert sizes == sorted(sizes) and sizes[0] == 3 and sizes[-1] == 5
+
+
+def test_short_warm_start_saves_loadable_checkpoint(kk_tokenizer, tmp_path):
+    out = str(tmp_path / "ck")
+    cfg = WarmStartConfig(preset="nano", out=out, steps=12, lr=5e-3, warmup_steps=2,
+                          tokens_per_batch=1024, curriculum=((0.0, {3: 1}),), eval_sizes=(3,),
+                          eval_per_size=2, heldout_per_size=2, eval_every_steps=6,
+                          final_eval_sizes=(3,), final_eval_per_size=2,
+                          max_new_tokens={3: 8}, progress=False)
+    model, tok, history = warmstart.warm_start(cfg, tokenizer=kk_tokenizer, log=lambda s: None)
+    assert [h["step"] for h in history] == [6, 12, 12] and history[-1]["final"]
+    assert set(history[-1]["official"][3]) >= {"accuracy", "format", "mean_tokens"}
+    # A Hugging Face folder: bf16 safetensors, config, tokenizer, and our run record.
+    files = set(os.listdir(out))
+    assert {"model.safetensors", "config.json", "tokenizer.json", "warmstart.json"} <= files
+    assert _stored_dtypes(out) == {torch.bfloat16}
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    assert AutoTokenizer.from_pretrained(out)("Amelia")["input_ids"] == tok("Amelia")["input_ids"]
+    info = json.load(open(os.path.join(out, "warmstart.json")))
+    assert info["config"]["preset"] == "nano" and len(info["history"]) == 3
+    sd = model.state_dict()
+    for k, v in loaded.state_dict().items():
+        torch.testing.assert_close(v, sd[k].to(torch.bfloat16))
+
+
+def test_loss_falls_in_a_short_run(kk_tokenizer, tmp_path):
+    seen = []
+    orig = warmstart.response_loss
+
+    def spy(*a, **k):
+        loss = orig(*a, **k)
+        seen.append(loss.item())
+        return loss
+
+    warmstart.response_loss = spy
+    try:
+        cfg = WarmStartConfig(preset="nano", out=str(tmp_path / "ck"), steps=40, lr=1e-2,
+                              warmup_steps=5, tokens_per_batch=1024, curriculum=((0.0, {3: 1}),),
+                              eval_per_size=0, heldout_per_size=0, final_eval_per_size=0, progress=False)
+        warmstart.warm_start(cfg, tokenizer=kk_tokenizer, log=lambda s: None)
+    finally:
+        warmstart.response_loss = orig
+    assert sum(seen[-5:]) / 5 < 0.6 * sum(seen[:5]) / 5, seen
+
+
+def test_tiny_warm_fixture_spreads_token_probabilities(tiny_warm):
+    """The per-bin gradient tests need many response tokens below p = 0.25 and above 0.75."""
+    model, tok = tiny_warm
+    records = kk.generate_records(3, 8, seed=4242)
+    ex = [encode_example(tok, kk_prompt(r, tok), prompts.target_response(r)) for r in records]
+    ids, attn, mask = collate(ex, tok.pad_token_id)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits[:, :-1].float(), -1)
+    p = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).exp()[mask > 0]
+    low, high = (p < 0.25).float().mean().item(), (p > 0.75).float().mean().item()
+    assert low > 0.05 and high > 0.3, (low, high)
+
+
+# --- the shipped checkpoint -------------------------------------------------------------
+
+def test_shipped_checkpoint_is_small_bf16_and_round_trips():
+    assert os.path.isdir(SHIPPED), "the shipped checkpoint checkpoints/tiny-warm is missing"
+    size = os.path.getsize(os.path.join(SHIPPED, "model.safetensors"))
+    assert size < 20 * 2**20
+    model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
+    assert _stored_dtypes(SHIPPED) == {torch.bfloat16}
+    assert AutoModelForCausalLM.from_pretrained(SHIPPED) is not None
+    assert 1_000_000 < count_parameters(model) < 20_000_000
+    for r in kk.load_official():
+        for text in (r["quiz"], r["solution_text_format"]):
+            assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_shipped_checkpoint_answers_in_format():
+    """Greedy on 10 official 3-person puzzles: every response has the right format, and
+    some are correct (the full per-size figures are in warmstart.json)."""
+    model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
+    recs = kk.load_official([3])[:10]
+    texts = warmstart.greedy_responses(model, tok, [kk_prompt(r, tok) for r in recs], 450)
+    scores = [reward.score_response(t, r) for t, r in zip(texts, recs)]
+    assert all(s.format_score > 0 for s in scores), texts
+    assert sum(s.total == 3 for s in scores) >= 2
