@@ -89,6 +89,26 @@ def default_response(record: dict) -> str:
     return prompts.target_response(record, "compact")
 
 
+def numbered_response(record: dict) -> str:
+    """Variant target: the compact explanation with people written as their numbers
+    1..n (the numbering of the answer, "(1) Amelia ..."): only the restated claims and the
+    answer then depend on the names, so far fewer tokens need a name lookup."""
+    from . import explain, kk, prompts
+    n = record["n_people"]
+    text = explain.compact_explanation(statements=kk.record_statements(record),
+                                       names=[str(i + 1) for i in range(n)])
+    return "\n" + text + "\n" + prompts.answer_block(record["solution_text_format"])
+
+
+def direct_response(record: dict) -> str:
+    """Variant target without explanation: close the thinking at once, then the answer."""
+    from . import prompts
+    return "\n" + prompts.answer_block(record["solution_text_format"])
+
+
+RESPONSE_STYLES = {"compact": default_response, "numbered": numbered_response, "direct": direct_response}
+
+
 class PuzzleStream:
     """An endless supply of generated training records per size, excluding held-out puzzles.
 
@@ -407,13 +427,25 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout-per-size", type=int, default=WarmStartConfig.heldout_per_size)
     ap.add_argument("--final-eval-per-size", type=int, default=100)
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar (log files)")
+    ap.add_argument("--init", default=None,
+                    help="continue from this checkpoint (its tokenizer too) with a fresh schedule "
+                         "and the last curriculum stage")
+    ap.add_argument("--style", choices=sorted(RESPONSE_STYLES), default="compact",
+                    help="target: compact explanation (names), numbered (people as 1..n), or direct (answer only)")
     a = ap.parse_args(argv)
     cfg = WarmStartConfig(preset=a.preset, minutes=a.minutes, steps=a.steps, out=a.out, lr=a.lr,
                           tokens_per_batch=a.tokens_per_batch, threads=a.threads or os.cpu_count(),
                           seed=a.seed, eval_every_minutes=a.eval_every_minutes, bf16=not a.no_bf16,
                           eval_per_size=a.eval_per_size, heldout_per_size=a.heldout_per_size,
                           final_eval_per_size=a.final_eval_per_size, progress=not a.no_progress)
-    _, _, hist = warm_start(cfg, log=lambda s: print(s, flush=True))
+    model = tokenizer = None
+    if a.init:
+        from .models import load_model_and_tokenizer
+        model, tokenizer = load_model_and_tokenizer(a.init, dtype=torch.float32, device="cpu")
+        cfg.curriculum = (cfg.curriculum[-1],)
+        cfg.warmup_steps = 20
+    _, _, hist = warm_start(cfg, model=model, tokenizer=tokenizer, response_fn=RESPONSE_STYLES[a.style],
+                            log=lambda s: print(s, flush=True))
     print(json.dumps(hist[-1]["official"], indent=1))
     return 0
 
