@@ -3,25 +3,17 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from lopti_minimal.grpo import (GRPOConfig, aggregate, batch_from_rollout, group_advantages,
                                 grpo_update, kl_k3, make_optimizer, policy_loss,
                                 token_logprobs)
 from lopti_minimal.sampling import sample_groups
 
-EOS, PAD, BOS = 1, 0, 2
+from llama_stub import BOS, EOS, PAD, tiny_llama
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
 G = 4
 
 
-def tiny_llama(seed=0, init=0.4):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
-                      pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg)
 
 
 class GradRecorder(torch.optim.SGD):
