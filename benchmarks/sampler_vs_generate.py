@@ -1,4 +1,11 @@
-"""Sampler speed vs transformers generate (same model, same batch, sampling T=0.7)."""
+"""Sampler speed: lopti_minimal.sampling.sample_groups vs transformers `generate`.
+
+    python benchmarks/sampler_vs_generate.py [THREADS=1] [PRESET=tiny]
+
+Same randomly initialised tiny-preset model (vocab 1024), 8 prompts of 60-100 tokens,
+G = 8 responses each, 128 new tokens, temperature 0.7; prints tokens/s of both, twice
+each (the first call of each warms up).  A figure-printing benchmark, not a test.
+"""
 import sys, time, torch
 from lopti_minimal.models import make_tiny_model
 from lopti_minimal.sampling import sample_groups, left_pad
