@@ -12,10 +12,11 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
    3..7), with every puzzle of the official test sets excluded, and cached under cache/
    so every run and seed sees the same set. --data FILE trains on your own K&K JSONL.
 2. Policy. The default policy is the shipped warm-start checkpoint checkpoints/tiny-warm:
-   a ~3.5M-parameter Llama trained from scratch (supervised) to write compact derivations.
+   a 3.4M-parameter Llama trained from scratch (supervised) to write compact derivations.
    RL needs a policy that is sometimes right -- a group whose G rewards are equal has
    advantage 0 and teaches nothing -- so RL starts from a warm start, as the paper starts
-   from an instruct model. --rebuild-warmstart re-creates it (about 75 min on 2 cores).
+   from an instruct model. --rebuild-warmstart re-creates it (a 75-minute training budget, --warmstart-minutes;
+   the shipped one was trained for 65 minutes on 1 thread, see README).
    --model takes any causal LM instead: a folder, a hub id or a .gguf file.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step samples G responses for each of a few prompts, scores them with the Logic-RL
@@ -31,7 +32,7 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
 Speed on a CPU: the update runs under bf16 autocast (float32 master weights) -- about 4x
 faster on CPUs with AMX/AVX-512-BF16 -- and the old log-probs are recomputed by the same
 teacher-forced forward, so the first importance ratio is exactly 1. The hyperparameters
-of cpu-tiny deviate from the paper's where a 3.5M-parameter model on 2 cores needs it;
+of cpu-tiny deviate from the paper's where a 3.4M-parameter model on 2 cores needs it;
 lopti_minimal/trainer.py (TrainConfig) says which and why. GPU presets keep the paper's.
 
 Bad input (unknown method, alpha outside [0, 1], eta outside (0, 1], group size < 2,
@@ -113,7 +114,7 @@ def ensure_model(cfg, a) -> None:
         warm_start(WarmStartConfig(out=path, minutes=a.warmstart_minutes, threads=a.threads or os.cpu_count(),
                                    progress=not a.no_progress), log=lambda s: print(s, flush=True))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):
-        raise TrainError(f"{default} not found: run with --rebuild-warmstart (about 75 min on 2 cores) "
+        raise TrainError(f"{default} not found: run with --rebuild-warmstart (a 75-minute training budget) "
                          "or pass --model PATH")
 
 
