@@ -358,9 +358,12 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, prompt_fn=defau
         history.append(entry)
         log(f"[eval] step {step} min {entry['minutes']:.1f} loss {ema:.4f} ({entry['eval_seconds']}s)\n"
             f"  official: {format_eval(res_off)}\n  held-out: {format_eval(res_held)}")
-        # Keep the best checkpoint by official accuracy on 3 and 4 people (the targets):
-        # later steps are usually better, but an interrupted or unlucky run keeps its best.
-        metric = sum(res_off[n]["accuracy"] for n in (3, 4) if n in res_off)
+        # Keep the best checkpoint by accuracy on 3 and 4 people (the targets): later steps
+        # are usually better, but an interrupted or unlucky run keeps its best.  Selected on
+        # the generated held-out puzzles, so the official test sets stay untouched by model
+        # selection (official only when no held-out set is configured).
+        sel = res_held or res_off
+        metric = sum(sel[n]["accuracy"] for n in (3, 4) if n in sel)
         if final or metric >= best:
             best = max(best, metric)
             save_checkpoint(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
