@@ -54,6 +54,8 @@ def parse_args(argv=None):
     ap.add_argument("--method", help=f"one of: {', '.join(METHODS)} (default ar_lopti)")
     ap.add_argument("--alpha", type=float, help="AR strength, paper Eq. 4, in [0, 1] (default 0.3)")
     ap.add_argument("--eta", type=float, help="Lopti probability threshold, in (0, 1] (default 0.5)")
+    ap.add_argument("--lopti-order", choices=("low_first", "high_first"),
+                    help="Lopti stage order (default low_first, Algorithm 1; high_first is the ablation)")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--group-size", type=int, help="responses per prompt, G >= 2")
     ap.add_argument("--prompts-per-step", type=int)
@@ -93,7 +95,7 @@ def build_config(a):
     if a.resume:
         return resume_config(a.resume, steps=a.steps, progress=not a.no_progress)
     return make_config(
-        a.preset, method=a.method, alpha=a.alpha, eta=a.eta, seed=a.seed, group_size=a.group_size,
+        a.preset, method=a.method, alpha=a.alpha, eta=a.eta, lopti_order=a.lopti_order, seed=a.seed, group_size=a.group_size,
         prompts_per_step=a.prompts_per_step, lr=a.lr, steps=a.steps, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, max_prompt_len=a.max_prompt_len, model=a.model,
         rl_data=a.data, run_dir=a.run_dir, eval_every=a.eval_every, save_every=a.save_every,

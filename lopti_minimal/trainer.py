@@ -78,6 +78,8 @@ class TrainConfig:
     method: str = "ar_lopti"       # grpo | ar | lopti | ar_lopti (the paper's best K&K combination)
     alpha: float = 0.3             # AR, Eq. 4: 0.3 in the reference AR+Lopti K&K run (0.2 AR alone)
     eta: float = 0.5               # Lopti threshold: 0.5 in the reference (0.4 Lopti alone)
+    lopti_order: str = "low_first" # Lopti stage order: low_first (Algorithm 1) | high_first
+                                   # (the reversed ablation the paper reports to fail)
 
     # --- RL schedule
     seed: int = 0
@@ -227,6 +229,8 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"alpha must lie in [0, 1] (paper Eq. 4), got {cfg.alpha}")
     if not 0.0 < cfg.eta <= 1.0:
         raise TrainError(f"eta must lie in (0, 1] (Lopti threshold on pi_old), got {cfg.eta}")
+    if cfg.lopti_order not in ("low_first", "high_first"):
+        raise TrainError(f"lopti order must be low_first or high_first, got {cfg.lopti_order!r}")
     if cfg.group_size < 2:
         raise TrainError(f"group size must be >= 2 (GRPO compares responses within a group), got {cfg.group_size}")
     for name in ("steps", "prompts_per_step", "max_new_tokens", "max_prompt_len", "rl_per_size",
@@ -512,7 +516,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         t1 = time.perf_counter()
         # 5. The update: Lopti (Algorithm 1: low-probability tokens, then high) or GRPO.
         if cfg.uses_lopti:
-            m = lopti_update(model, ref_logp, optimizer, batch, gcfg, eta=cfg.eta)
+            m = lopti_update(model, ref_logp, optimizer, batch, gcfg, eta=cfg.eta, order=cfg.lopti_order)
             stages = (m["stage1"], m["stage2"])
             low = m["low_fraction"]
         else:
@@ -523,7 +527,8 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
     # 6. Metrics. KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
     n_tok = float(mask.sum())
     kl = float((kl_k3(batch["old_logprobs"], ref_logp) * mask).sum() / max(n_tok, 1)) if ref_logp is not None else 0.0
-    shares = (low, 1 - low) if len(stages) == 2 else (1.0,)
+    # Token shares of the stages in the order they ran (stage 1 = the high tokens if high_first).
+    shares = ((low, 1 - low) if cfg.lopti_order == "low_first" else (1 - low, low)) if len(stages) == 2 else (1.0,)
     correct = (rewards == 3.0).float()
     groups = rewards.view(-1, G)
     return {

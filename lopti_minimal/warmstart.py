@@ -190,49 +190,20 @@ def response_loss(model, input_ids, attn, loss_mask, bf16: bool = True) -> torch
 # Greedy evaluation
 # ---------------------------------------------------------------------------------------
 
-@torch.no_grad()
-def greedy_responses(model, tokenizer, prompts: list[str], max_new_tokens: int,
-                     batch_size: int = 50, bf16: bool = True) -> list[str]:
-    """Greedy continuations of ``prompts``, decoded without special tokens (the text the
-    reward scores).  Uses the RL sampler (sampling.sample_groups, greedy, static KV cache):
-    the same decoding code as the rollouts, and faster than model.generate on a CPU."""
-    from .sampling import sample_groups
-    model.eval()
-    device = next(model.parameters()).device
-    out: list[str] = []
-    for i in range(0, len(prompts), batch_size):
-        ids = [tokenizer(p)["input_ids"] for p in prompts[i:i + batch_size]]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            r = sample_groups(model, ids, 1, max_new_tokens, greedy=True,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        for row, m in zip(r.response_ids, r.response_mask):
-            out.append(tokenizer.decode(row[m > 0].tolist(), skip_special_tokens=True))
-    return out
-
-
-def score(record: dict, response: str):
-    from . import reward
-    return reward.score_response(response, record["solution_text_format"])
-
-
 def evaluate(model, tokenizer, records: list[dict], max_new_tokens: dict | int,
-             prompt_fn=default_prompt, bf16: bool = True, batch_size: int = 50) -> dict:
-    """Per size: accuracy (total == 3), format (format part +1), mean response tokens."""
-    by_size: dict[int, list] = {}
-    for r in records:
-        by_size.setdefault(r["n_people"], []).append(r)
-    result = {}
-    for n, recs in sorted(by_size.items()):
-        m = max_new_tokens if isinstance(max_new_tokens, int) else max_new_tokens.get(n, 2048)
-        resp = greedy_responses(model, tokenizer, [prompt_fn(r) for r in recs], m, batch_size, bf16)
-        scores = [score(r, s) for r, s in zip(recs, resp)]
-        result[n] = {
-            "accuracy": sum(s.total == 3 for s in scores) / len(recs),
-            "format": sum(s.format_score > 0 for s in scores) / len(recs),
-            "mean_tokens": sum(len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in resp) / len(recs),
-            "n": len(recs),
-        }
-    return result
+             bf16: bool = True, batch_size: int = 50) -> dict:
+    """Per size: accuracy (total == 3), format (format part +1), mean response tokens.
+
+    A thin view of evaluate.evaluate_records (greedy, the compact prompt, the same
+    decoding code as the RL rollouts and eval.py), keeping the two numbers the warm start
+    is judged by."""
+    from .evaluate import evaluate_records
+    report = evaluate_records(model, tokenizer, records, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, prompt_style="compact",
+                              autocast_bf16=bf16, progress=False)
+    return {n: {"accuracy": v["accuracy"], "format": 1.0 - v["format_error"],
+                "mean_tokens": v["mean_tokens"], "n": v["n"]}
+            for n, v in report["per_size"].items()}
 
 
 def format_eval(res: dict) -> str:
@@ -297,8 +268,8 @@ def heldout_records(sizes, per_size: int, seed: int = 99_991, exclude: set = fro
     return out
 
 
-def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, prompt_fn=default_prompt,
-               response_fn=default_response, log=print) -> tuple:
+def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=default_response,
+               log=print) -> tuple:
     """Train (from scratch unless ``model``/``tokenizer`` are given) and save to cfg.out.
 
     Returns (model, tokenizer, history) where history holds the evaluations."""
@@ -348,8 +319,8 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, prompt_fn=defau
         per = cfg.final_eval_per_size if final else cfg.eval_per_size
         off = [r for n in sizes for r in [x for x in official if x["n_people"] == n][:per]]
         te = time.time()
-        res_off = evaluate(model, tokenizer, off, cfg.max_new_tokens, prompt_fn, cfg.bf16)
-        res_held = evaluate(model, tokenizer, heldout, cfg.max_new_tokens, prompt_fn, cfg.bf16) \
+        res_off = evaluate(model, tokenizer, off, cfg.max_new_tokens, cfg.bf16)
+        res_held = evaluate(model, tokenizer, heldout, cfg.max_new_tokens, cfg.bf16) \
             if heldout else {}
         model.train()
         entry = {"step": step, "minutes": round((time.time() - t0) / 60, 2), "loss": ema,
@@ -381,10 +352,10 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, prompt_fn=defau
         n = rng.choices(list(weights), weights=list(weights.values()))[0]
         if n not in batch_size:   # from the mean length of a sample of this size
             sample = [stream.next(n) for _ in range(32)]
-            mean = sum(len(encode_example(tokenizer, prompt_fn(r), response_fn(r))[0]) for r in sample) / 32
+            mean = sum(len(encode_example(tokenizer, default_prompt(r), response_fn(r))[0]) for r in sample) / 32
             batch_size[n] = max(1, round(cfg.tokens_per_batch / mean))
         recs = [stream.next(n) for _ in range(batch_size[n])]
-        examples = [encode_example(tokenizer, prompt_fn(r), response_fn(r)) for r in recs]
+        examples = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in recs]
         ids, attn, mask = collate(examples, tokenizer.pad_token_id)
         loss = response_loss(model, ids, attn, mask, cfg.bf16)
         opt.zero_grad(set_to_none=True)

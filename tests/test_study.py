@@ -1,0 +1,393 @@
+"""lopti_minimal/study.py: the multi-seed study (issue 8).
+
+Statistics against hand-computed numbers, aggregation and the report on synthetic run
+directories, skip/resume/refusal logic with a fake train function (no model), and one
+real end-to-end mini study on the ci preset (2 methods x 1 seed)."""
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from lopti_minimal import study as S
+from lopti_minimal import trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
+HAS_ORDER = "lopti_order" in {f.name for f in dataclasses.fields(trainer.TrainConfig)}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+@pytest.fixture
+def fake_model(tmp_path):
+    """A folder that looks like a model to the fingerprint (the fake trainer never loads it)."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"weights-v1")
+    return str(d)
+
+
+def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0):
+    """What trainer.train leaves behind, reduced to what study.py reads."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for i, r in enumerate(rewards):
+            f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
+                                "sample_s": step_s / 2, "update_s": step_s / 4}) + "\n")
+    (run_dir / "eval_final.json").write_text(json.dumps(
+        {"per_size": {str(n): {"accuracy": a, "format_error": 0.0} for n, a in acc.items()}, "seconds": 2.0}))
+
+
+def synthetic_study(out: Path, model: str) -> Path:
+    """Runs with known numbers (accuracy on sizes 3 and 4, equal per size, so avg = the value):
+    GRPO .2 .3 .4 (seeds 0-2); AR .3 .35 .5 .9 (seeds 0-3); Lopti .3 .3 .3 (seeds 0-2);
+    plus a GRPO seed 3 with another step count, which must be left out."""
+    table = {S.GRPO: [.2, .3, .4], S.Variant("ar", alpha=0.2): [.3, .35, .5, .9],
+             S.Variant("lopti", eta=0.4): [.3, .3, .3]}
+    for v, accs in table.items():
+        for seed, a in enumerate(accs):
+            spec = S.RunSpec("ci", v, seed, "main")
+            cfg = S.run_config(spec, out, {"model": model, "steps": 3})
+            write_finished(spec.run_dir(out), cfg, {3: a, 4: a})
+    spec = S.RunSpec("ci", S.GRPO, 3, "main")
+    write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": model, "steps": 5}), {3: .9, 4: .9})
+    # An unfinished run (no eval_final.json) is listed, not aggregated.
+    spec = S.RunSpec("ci", S.GRPO, 4, "main")
+    d = spec.run_dir(out)
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(
+        S.run_config(spec, out, {"model": model, "steps": 3}))}))
+    return out
+
+
+def fake_train(cfg, resume=False, log=None, reward_fn=None):
+    """Stands in for trainer.train: writes a finished run whose accuracy depends on the
+    method and seed. A run named in $FAKE_CRASH writes run.json and then fails once."""
+    rd = Path(cfg.run_dir)
+    if not resume:
+        assert not rd.exists() or not any(rd.iterdir()), "a fresh run must get an empty directory"
+        rd.mkdir(parents=True, exist_ok=True)
+        (rd / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
+    with open(rd / "calls.txt", "a") as f:
+        f.write(f"{'resume' if resume else 'new'} threads={cfg.threads}\n")
+    log("[run] fake")
+    crash = rd.parent / f"{rd.name}.crash"
+    if crash.exists():
+        crash.unlink()
+        raise RuntimeError("boom")
+    if (rd.parent / "INTERRUPT").exists():
+        raise KeyboardInterrupt
+    a = {"grpo": .3, "ar": .35, "lopti": .3, "ar_lopti": .4}[cfg.method] + 0.01 * cfg.seed
+    write_finished(rd, cfg, {3: a})
+
+
+def calls(out, name, preset="ci"):
+    p = Path(out) / preset / name / "calls.txt"
+    return p.read_text().split() if p.exists() else []
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def test_t_table_matches_the_expansion_and_known_values():
+    assert S.t975(1) == 12.706 and S.t975(4) == 2.776 and S.t975(30) == 2.042
+    for df in range(10, 31):        # two independent sources agree
+        assert abs(S.t975(df) - S.t975_expansion(df)) < 1.5e-3, df
+    assert abs(S.t975(1000) - 1.96234) < 1e-4 and abs(S.t975(60) - 2.0003) < 1e-3
+    with pytest.raises(ValueError):
+        S.t975(0)
+
+
+def test_mean_ci_hand_checked():
+    # mean .3; s = sqrt(0.1 / 4) = 0.158114; se = s / sqrt(5) = 0.0707107; half = 2.776 * se
+    c = S.mean_ci([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert c["n"] == 5 and c["mean"] == pytest.approx(0.3)
+    assert c["sd"] == pytest.approx(0.158114, abs=1e-6)
+    assert c["half"] == pytest.approx(0.196293, abs=1e-6)
+    assert (c["lo"], c["hi"]) == (pytest.approx(0.103707, abs=1e-6), pytest.approx(0.496293, abs=1e-6))
+    one = S.mean_ci([0.7])
+    assert one["mean"] == 0.7 and one["half"] is None and one["lo"] is None
+    assert S.mean_ci([])["mean"] is None
+
+
+def test_paired_difference_hand_checked():
+    # diffs .1 .05 .1: mean .083333, s = 0.028868, se = 0.016667, half = 4.303 * se = 0.071717
+    d = S.paired_diff({0: .3, 1: .35, 2: .5, 7: .9}, {0: .2, 1: .3, 2: .4, 5: .1})
+    assert d["seeds"] == [0, 1, 2] and d["n"] == 3
+    assert d["mean"] == pytest.approx(0.083333, abs=1e-6) and d["half"] == pytest.approx(0.071717, abs=1e-6)
+    assert d["lo"] == pytest.approx(0.011617, abs=1e-6) and d["excludes_zero"] is True
+    assert d["base_mean"] == pytest.approx(0.3) and d["rel"] == pytest.approx(0.277778, abs=1e-6)
+    assert d["rel_lo"] == pytest.approx(0.011617 / 0.3, abs=1e-5)
+    # The unpaired view of the same numbers would not exclude 0: pairing is what helps.
+    assert S.mean_ci([.3, .35, .5])["lo"] < S.mean_ci([.2, .3, .4])["hi"]
+    single = S.paired_diff({0: .5}, {0: .4})
+    assert single["excludes_zero"] is None and single["mean"] == pytest.approx(0.1)
+
+
+# ----------------------------------------------------------------------------- plan
+
+def test_variants_are_canonical():
+    assert S.Variant("ar", alpha=0.0) == S.GRPO and S.Variant("ar_lopti", alpha=0, eta=0.5) == S.Variant("lopti", eta=0.5)
+    assert S.Variant("grpo", alpha=0.3, eta=0.5, order="high_first") == S.GRPO
+    assert [v.name for v in S.MAIN] == ["grpo", "ar-a0.2", "lopti-e0.4", "ar_lopti-a0.3-e0.5"]
+    assert S.Variant("lopti", eta=0.4, order="high_first").name == "lopti-e0.4-high_first"
+    assert S.Variant.from_config({"method": "ar", "alpha": 0.2, "eta": 0.5}) == S.Variant("ar", alpha=0.2)
+    assert S.Variant.from_config({"method": "lopti", "alpha": 0.3, "eta": 0.4, "lopti_order": "high_first"}) \
+        == S.Variant("lopti", eta=0.4, order="high_first")
+    with pytest.raises(S.StudyError, match="unknown method"):
+        S.Variant("ppo")
+
+
+def test_plan_dedups_shared_runs_and_is_seed_major():
+    specs = S.plan_runs(["all"], 5, 3, "cpu-tiny")
+    # main 4 x 5 = 20; alpha adds 0.1 0.3 0.5 (0 = GRPO, 0.2 = main AR) x 3; eta adds 0.3 0.5
+    # 0.7 (0.4 = main Lopti) x 3; order adds high-first x 3.
+    assert len(specs) == 20 + 9 + 9 + 3
+    assert len({(s.variant, s.seed) for s in specs}) == len(specs)
+    assert [(s.variant.name, s.seed) for s in specs[:5]] == [
+        ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo", 1)]
+    assert all(s.grid == "main" for s in specs[:20]) and max(s.seed for s in specs[20:]) == 2
+    only = S.plan_runs(["main"], 2, 0, "ci", only={"grpo", "ar_lopti"})
+    assert [s.run_dir("/o").as_posix() for s in only] == [
+        "/o/ci/grpo-s0", "/o/ci/ar_lopti-a0.3-e0.5-s0", "/o/ci/grpo-s1", "/o/ci/ar_lopti-a0.3-e0.5-s1"]
+    with pytest.raises(S.StudyError, match="unknown grid"):
+        S.plan_runs(["nope"], 1, 1, "ci")
+
+
+def test_every_run_of_a_grid_has_the_same_budget(tmp_path):
+    specs = S.plan_runs(["main", "alpha", "eta"], 2, 2, "cpu-tiny")
+    cfgs = [S.run_config(s, tmp_path, {"steps": 7}) for s in specs]
+    d = trainer.make_config("cpu-tiny")
+    assert {(c.steps, c.prompts_per_step, c.group_size) for c in cfgs} == {(7, d.prompts_per_step, d.group_size)}
+    assert len({S.setting_key(c) for c in cfgs}) == 1          # only variant and seed differ
+    lopti = next(c for c in cfgs if c.method == "lopti")
+    assert (lopti.eta, lopti.final_eval, lopti.progress) == (0.4, True, False)
+
+
+def test_order_grid_needs_the_trainer_option(tmp_path):
+    specs = S.plan_runs(["order"], 1, 2, "ci")
+    keep, dropped = S._supported(specs, tmp_path, {})
+    high = [s for s in specs if s.variant.order == "high_first"]
+    if HAS_ORDER:
+        assert keep == specs and not dropped
+        assert S.run_config(high[0], tmp_path).lopti_order == "high_first"
+    else:
+        assert len(dropped) == len(high) == 2 and "lopti_order" in dropped[0]
+        assert all(s.variant.order == "low_first" for s in keep)
+
+
+# ----------------------------------------------------------------------------- running
+
+def test_skip_resume_and_refusals_with_a_fake_trainer(tmp_path, fake_model):
+    out = tmp_path / "study"
+    specs = S.plan_runs(["main"], 2, 0, "ci", only={"grpo", "ar"})
+    ov = {"model": fake_model, "steps": 3}
+    names = ["grpo-s0", "ar-a0.2-s0", "grpo-s1", "ar-a0.2-s1"]
+    assert [s.run_dir(out).name for s in specs] == names
+    (out / "ci").mkdir(parents=True)
+    (out / "ci" / "ar-a0.2-s0.crash").write_text("")
+    echo = []
+
+    # 1st invocation: one run fails after writing run.json; the study goes on.
+    r = S.run_study(specs, out, ov, train_fn=fake_train, progress=False, echo=echo.append)
+    assert len(r["done"]) == 3 and len(r["failed"]) == 1 and "boom" in r["failed"][0]["error"]
+    assert all(calls(out, n) == ["new", "threads=None"] for n in names)
+    crashed = out / "ci" / "ar-a0.2-s0"
+    assert "RuntimeError: boom" in (crashed / "study_error.txt").read_text()
+    assert json.loads((crashed / "study_time.json").read_text())["sessions"][0]["ok"] is False
+    assert (out / "ci" / "grpo-s0" / "train.log").read_text() == "[run] fake\n"
+
+    # 2nd: finished runs are skipped, the failed one is resumed, nothing else is called.
+    r = S.run_study(specs, out, ov, train_fn=fake_train, progress=False, echo=echo.append)
+    assert len(r["skipped"]) == 3 and r["done"] == [str(crashed)] and not r["failed"]
+    assert calls(out, "ar-a0.2-s0") == ["new", "threads=None", "resume", "threads=None"]
+    assert calls(out, "grpo-s0") == ["new", "threads=None"]
+    assert len(json.loads((crashed / "study_time.json").read_text())["sessions"]) == 2
+    log = [json.loads(l) for l in (out / "study_log.jsonl").read_text().splitlines()]
+    assert [(e["ran"], e["skipped"], e["failed"]) for e in log] == [(4, 0, 1), (1, 3, 0)]
+    assert log[0]["machine"]["cores"] == os.cpu_count()
+
+    # 3rd: all done, nothing runs.
+    r = S.run_study(specs, out, ov, train_fn=fake_train, progress=False, echo=echo.append)
+    assert len(r["skipped"]) == 4 and not r["done"]
+
+    # Refusals, before anything runs: a changed budget, a changed warm start, a stray folder.
+    with pytest.raises(S.StudyError, match=r"different config \(steps\)"):
+        S.run_study(specs, out, dict(ov, steps=4), train_fn=fake_train, progress=False, echo=echo.append)
+    Path(fake_model, "model.safetensors").write_bytes(b"weights-v2")
+    with pytest.raises(S.StudyError, match="warm start of preset ci changed"):
+        S.run_study(specs, out, ov, train_fn=fake_train, progress=False, echo=echo.append)
+    Path(fake_model, "model.safetensors").write_bytes(b"weights-v1")
+    (out / "ci" / "grpo-s2").mkdir()
+    (out / "ci" / "grpo-s2" / "junk").write_text("x")
+    with pytest.raises(S.StudyError, match="not a lopti-minimal run"):
+        S.run_study(S.plan_runs(["main"], 3, 0, "ci", only={"grpo"}), out, ov, train_fn=fake_train,
+                    progress=False, echo=echo.append)
+    assert calls(out, "grpo-s0") == ["new", "threads=None"]
+
+    # Ctrl-C stops the study (and is still logged); the next call resumes that run.
+    (out / "ci" / "INTERRUPT").write_text("")
+    spec2 = S.plan_runs(["main"], 3, 0, "ci", only={"ar"})[2:]
+    with pytest.raises(KeyboardInterrupt):
+        S.run_study(spec2, out, ov, train_fn=fake_train, progress=False, echo=echo.append)
+    assert len((out / "study_log.jsonl").read_text().splitlines()) == 4
+    (out / "ci" / "INTERRUPT").unlink()
+    S.run_study(spec2, out, ov, train_fn=fake_train, progress=False, echo=echo.append)
+    assert calls(out, "ar-a0.2-s2") == ["new", "threads=None", "resume", "threads=None"]
+
+
+def test_missing_warm_start_is_refused_before_any_run(tmp_path):
+    specs = S.plan_runs(["main"], 1, 0, "ci", only={"grpo"})
+    for model in ("checkpoints/no-such-warm-start", str(tmp_path / "missing")):
+        with pytest.raises(S.StudyError, match="not found"):
+            S.run_study(specs, tmp_path / "study", {"model": model}, train_fn=fake_train, progress=False,
+                        echo=lambda s: None)
+    assert not (tmp_path / "study" / "ci").exists()
+
+
+def test_parallel_jobs_with_a_fake_trainer(tmp_path, fake_model):
+    out = tmp_path / "study"
+    specs = S.plan_runs(["main"], 1, 0, "ci", only={"grpo", "ar"})
+    r = S.run_study(specs, out, {"model": fake_model}, train_fn=fake_train, jobs=2, threads=1,
+                    progress=False, echo=lambda s: None)
+    assert len(r["done"]) == 2 and not r["failed"]
+    assert calls(out, "grpo-s0") == ["new", "threads=1"] and calls(out, "ar-a0.2-s0") == ["new", "threads=1"]
+    assert json.loads((out / "study_log.jsonl").read_text())["jobs"] == 2
+
+
+# ----------------------------------------------------------------------------- aggregation and report
+
+def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
+    out = synthetic_study(tmp_path / "study", fake_model)
+    res = S.aggregate(out, window=2)
+    assert len(res["unfinished"]) == 1 and res["unfinished"][0].endswith("grpo-s4")
+    pr = res["presets"]["ci"]
+    assert pr["sizes"] == [3, 4] and list(pr["variants"]) == ["grpo", "ar-a0.2", "lopti-e0.4"]
+    assert [e["differs_in"] for e in pr["excluded"]] == [["steps"]]
+    assert pr["budget"]["responses_per_run"] == 3 * 2 * 4
+    # Per variant, all its finished seeds: AR has 4.
+    assert pr["variants"]["ar-a0.2"]["n"] == 4 and pr["variants"]["ar-a0.2"]["accuracy"]["avg"]["mean"] == pytest.approx(0.5125)
+    assert [v["update_passes"] for v in pr["variants"].values()] == [1, 1, 2]
+    assert pr["variants"]["grpo"]["timing"] == {"step_s": 1.0, "sample_s": 0.5, "update_s": 0.25, "eval_s": 2.0,
+                                                "run_wall_s": 3 * 1.0 + 2.0}
+
+    # The main table is balanced: the seeds every row has (0-2), so AR's seed 3 is not in it.
+    t = pr["grids"]["main"]
+    assert t["seeds"] == [0, 1, 2] and list(t["rows"]) == ["grpo", "ar-a0.2", "lopti-e0.4"]
+    g = t["rows"]["grpo"]
+    # .2 .3 .4: s = .1, half = 4.303 * .1 / sqrt(3) = 0.248434
+    assert g["vs_grpo"] is None and g["accuracy"]["avg"]["mean"] == pytest.approx(0.3)
+    assert g["accuracy"]["3"]["half"] == pytest.approx(0.248434, abs=1e-6)
+    ar = t["rows"]["ar-a0.2"]
+    d = ar["vs_grpo"]["avg"]
+    assert ar["n"] == 3 and d["seeds"] == [0, 1, 2]
+    assert d["mean"] == pytest.approx(0.083333, abs=1e-6) and d["half"] == pytest.approx(0.071717, abs=1e-6)
+    assert d["excludes_zero"] is True and ar["vs_grpo"]["4"]["excludes_zero"] is True
+    # Lopti .3 .3 .3 vs GRPO: diffs .1 0 -.1, half = 0.248434, includes 0.
+    lo = t["rows"]["lopti-e0.4"]
+    assert lo["accuracy"]["avg"]["half"] == pytest.approx(0.0, abs=1e-12)
+    assert lo["vs_grpo"]["avg"]["half"] == pytest.approx(0.248434, abs=1e-6)
+    assert lo["vs_grpo"]["avg"]["excludes_zero"] is False
+    # Curves: moving average (window 2) of rewards 0, .5, 1 is 0, .25, .75 for every seed.
+    c = g["curves"]["reward"]
+    assert c["step"] == [1, 2, 3] and c["mean"] == pytest.approx([0, .25, .75]) and c["lo"] == c["mean"]
+    assert set(pr["grids"]) == {"main", "alpha", "eta", "order"}   # each grid table from the runs it has
+    assert list(pr["grids"]["alpha"]["rows"]) == ["grpo", "ar-a0.2"]
+    json.dumps(res)                                   # JSON-ready
+
+
+def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake_model):
+    out = synthetic_study(tmp_path / "study", fake_model)
+    report, figs = tmp_path / "docs" / "RESULTS.md", tmp_path / "docs" / "figures"
+    S.write_report(S.aggregate(out), report, figs)
+    text = report.read_text()
+    assert "Seeds 0-2 (n = 3 per row)." in text
+    assert "| GRPO | 0.300 ± 0.248 | 0.300 ± 0.248 | 0.300 ± 0.248 | – | – |" in text
+    assert "+0.083 [+0.012, +0.155] * | +27.8% [+3.9%, +51.7%] |" in text
+    assert "paired 95% CI [+0.012, +0.155] excludes 0: higher than GRPO at this scale" in text
+    assert "GRPO+Lopti (η=0.4)**: mean accuracy" in text and "includes 0: no difference from GRPO" in text
+    assert "of 2 methods compared with GRPO, 1 score higher" in text and "1 have a CI that includes 0, and 0" in text
+    assert "| Qwen2.5-3B GRPO+AR+Lopti (α=0.3, η=0.5) | 0.72 | 0.66 | 0.55 | 0.52 | 0.40 | 0.57 | +46.2% |" in text
+    assert "| GRPO+AR (α=0.2) | 0.383 ± " in text and "| 0.53 | +35.9% | 0.89 | +15.6% |" in text
+    assert "**24 sampled responses**" in text and "steps" in text.split("Left out")[1]
+    assert "| GRPO+AR (α=0.2) | 4 | 1 | 24 | 1.0 | 0.5 | 0.2 | 2 |" in text      # cost table, all 4 runs
+    assert "![learning curves, main](figures/study-ci-main-curves.png)" in text
+    assert (figs / "study-ci-main-curves.png").stat().st_size > 1000
+    assert (figs / "study-ci-main-sizes.png").exists()
+    assert "Sweep:" not in text          # no sweep has runs of its own here
+
+    report.write_text(text.replace(S.HAND_BEGIN + "\n", S.HAND_BEGIN + "\nOur reading: nothing yet.\n"))
+    S.write_report(S.aggregate(out), report, figs, plots=False)
+    new = report.read_text()
+    assert "Our reading: nothing yet." in new and new.count(S.HAND_BEGIN) == 1
+
+
+def test_report_without_runs_is_a_template(tmp_path):
+    p = S.write_report(S.aggregate(tmp_path / "empty"), tmp_path / "R.md", tmp_path / "f")
+    text = Path(p).read_text()
+    assert "No finished runs yet" in text and "+46.2%" in text and S.HAND_END in text
+
+
+def test_cli_report_only_dry_run_and_bad_input(tmp_path, fake_model, capsys):
+    out = synthetic_study(tmp_path / "study", fake_model)
+    rep = tmp_path / "R.md"
+    assert S.main(["--report-only", "--out", str(out), "--report", str(rep), "--figures", str(tmp_path / "f")]) == 0
+    assert rep.exists() and (out / "study_results.json").exists()
+    assert S.main(["--dry-run", "--preset", "ci", "--out", str(out), "--model", fake_model, "--steps", "3",
+                   "--seeds", "3", "--only", "grpo,ar", "--step-seconds", "2", "--eval-seconds", "10"]) == 0
+    o = capsys.readouterr().out
+    assert "ci/grpo-s0" in o and "ci/ar-a0.2-s2" in o and "budget per run: 3 steps x 2 prompts x G=4 = 24" in o
+    assert "6 runs, 0 to do: about" in o
+    assert S.main(["--dry-run", "--preset", "ci", "--out", str(tmp_path / "new"), "--model", fake_model,
+                   "--steps", "3", "--seeds", "2", "--only", "grpo,lopti", "--step-seconds", "2",
+                   "--eval-seconds", "10"]) == 0
+    # 2 x (3 x 2 s + 10 s) + 2 x (3 x 2 s x 1.15 + 10 s) = 65.8 s
+    assert "4 runs, 4 to do: about 1.1 min for 4 run(s)" in capsys.readouterr().out
+    assert S.main(["--grid", "nope", "--out", str(out), "--no-report"]) == 2
+    assert S.main(["--set", "seed=3", "--out", str(out), "--no-report"]) == 2
+    assert S.main(["--dry-run", "--preset", "ci", "--out", str(out), "--model", fake_model, "--steps", "9",
+                   "--only", "grpo", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown grid" in err and "cannot change seed" in err and "different config (steps)" in err
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
+    """The real trainer: 2 methods x 1 seed on the ci preset, then the report; a second
+    invocation skips both runs."""
+    model = [] if WARM.exists() else ["--model", request.getfixturevalue("nano_dir")]
+    out, rep = tmp_path / "study", tmp_path / "RESULTS.md"
+    args = ["--preset", "ci", "--only", "grpo,ar_lopti", "--seeds", "1", "--out", str(out), "--report", str(rep),
+            "--figures", str(tmp_path / "fig"), "--threads", os.environ.get("LOPTI_TEST_THREADS", "2"),
+            "--no-progress", *model]
+    assert S.main(args) == 0
+    for name in ("grpo-s0", "ar_lopti-a0.3-e0.5-s0"):
+        d = out / "ci" / name
+        assert (d / "eval_final.json").exists() and (d / "final" / "config.json").exists(), name
+        assert len((d / "metrics.jsonl").read_text().splitlines()) == 2
+        assert "step    2/2" in (d / "train.log").read_text()
+    res = json.loads((out / "study_results.json").read_text())
+    rows = res["presets"]["ci"]["grids"]["main"]["rows"]
+    assert set(rows) == {"grpo", "ar_lopti-a0.3-e0.5"} and rows["ar_lopti-a0.3-e0.5"]["vs_grpo"]["avg"]["n"] == 1
+    assert res["presets"]["ci"]["fingerprint"].startswith("sha256:")
+    text = rep.read_text()
+    assert "GRPO+AR+Lopti (α=0.3, η=0.5)" in text and "too few for a confidence interval" in text
+    assert S.main(args) == 0
+    log = [json.loads(l) for l in (out / "study_log.jsonl").read_text().splitlines()]
+    assert [(e["ran"], e["skipped"]) for e in log] == [(2, 0), (0, 2)]
+
+
+@pytest.fixture(scope="session")
+def nano_dir(tmp_path_factory):
+    """Only when the shipped warm start is absent: a random nano Llama (as in test_trainer)."""
+    from lopti_minimal.models import make_tiny_model
+    from lopti_minimal.tokenizer import build_tokenizer, kk_corpus
+    d = tmp_path_factory.mktemp("nano")
+    tok = build_tokenizer(kk_corpus(n_per_size=8, sizes=range(3, 6)), vocab_size=400)
+    make_tiny_model("nano", len(tok), tokenizer=tok, seed=0).save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
