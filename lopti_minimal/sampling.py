@@ -99,6 +99,33 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+def _autocast_dtype(device: torch.device):
+    """The autocast dtype active for this device type, or None outside autocast."""
+    try:
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+    except TypeError:                     # torch < 2.4: no device-type argument
+        if device.type == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+    return None
+
+
+def _store_kv_in(cache, dtype: torch.dtype) -> None:
+    """Make every layer of a StaticCache store its keys and values in `dtype`.
+
+    Under CPU bf16 autocast the projections come out in bf16, but the rotary embedding
+    multiplies the keys by float32 cos/sin, so the keys reach the cache in float32 and the
+    cache allocates a float32 key tensor; attention (an autocast bf16 op) then casts that
+    whole [B, heads, P + R, head_dim] tensor to bf16 in every layer at every decode step.
+    Casting each new key once, when it is written, hands attention the very same bf16
+    values: tokens and log-probs are bit-identical, and the per-step copy is gone.
+    """
+    for layer in cache.layers:
+        update = layer.update
+        layer.update = (lambda k, v, *a, _update=update, **kw:
+                        _update(k.to(dtype), v.to(dtype), *a, **kw))
+
+
 def _cache_kwarg(model) -> str:
     """transformers 5.x renamed `past_key_values` to `cache`; accept either API."""
     params = inspect.signature(model.forward).parameters
@@ -120,6 +147,7 @@ def sample_groups(
     greedy: bool = False,
     check_every: int = 4,
     static_cache: bool = True,
+    compact: bool = True,
 ) -> Rollout:
     """Sample `group_size` responses for each prompt (token ids), batched over all rows.
 
@@ -133,6 +161,11 @@ def sample_groups(
     generator: a torch.Generator on the model's device, for reproducible sampling.
     check_every: how often (in steps) to ask the host whether all rows are done; each
         check is a device sync, which matters on a GPU.
+    compact: at those checks, drop the rows that have stopped from the batch (and from
+        the KV cache, with the cache's own `reorder_cache`), so that the long tail of a
+        few long responses is not paid for by every row. The outputs are identical for
+        greedy decoding; sampled tokens differ from compact=False only in which random
+        numbers each row draws (still deterministic for a generator seed).
     """
     if temperature is None:
         temperature = 1.0
@@ -175,6 +208,10 @@ def sample_groups(
             cache = StaticCache(config=model.config, max_cache_len=P + R)
         except (TypeError, ValueError, NotImplementedError):   # a model it cannot serve
             static_cache = False
+        else:
+            kv_dtype = _autocast_dtype(device)
+            if kv_dtype is not None:
+                _store_kv_in(cache, kv_dtype)
     if cache is None:
         cache = DynamicCache()
     ckw = _cache_kwarg(model)
@@ -183,10 +220,14 @@ def sample_groups(
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                 use_cache=True, logits_to_keep=1, **{ckw: cache})
     next_pos = positions[:, -1:] + 1                      # [B, 1]
+    # `rows`: the original row index of each row still in the batch (all of them until a
+    # compaction); `done` and the step inputs below are indexed like the current batch.
+    rows = torch.arange(B, device=device)
+    step_mask = full_mask
     done = torch.zeros(B, dtype=torch.bool, device=device)
     steps = 0
     for t in range(R):
-        logits = out.logits[:, -1, :].float() / temperature          # [B, V]
+        logits = out.logits[:, -1, :].float() / temperature          # [b, V], b = rows alive
         if greedy:
             tok = logits.argmax(-1)
         else:
@@ -195,23 +236,33 @@ def sample_groups(
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         alive = ~done
         tok = torch.where(alive, tok, torch.full_like(tok, pad_token_id))
-        response_ids[:, t] = tok
-        response_mask[:, t] = alive.float()
+        response_ids[rows, t] = tok
+        response_mask[rows, t] = alive.float()
         # log softmax(z / T)_tok = z_tok / T - logsumexp(z / T), over the full vocabulary
         logp_tok = logits.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-        old_logprobs[:, t] = torch.where(alive, logp_tok, 0.0)
-        full_mask[:, P + t] = alive.long()
+        old_logprobs[rows, t] = torch.where(alive, logp_tok, 0.0)
+        step_mask[:, P + t] = alive.long()
         done = done | (alive & torch.isin(tok, eos))
         steps = t + 1
         if steps == R:
             break
         # Cheap all-done test: only every `check_every` steps does the host look.
-        if steps % check_every == 0 and bool(done.all()):
-            break
-        step_mask = full_mask if static_cache else full_mask[:, :P + t + 1]
-        out = model(input_ids=tok.unsqueeze(-1), attention_mask=step_mask,
+        if steps % check_every == 0:
+            n_done = int(done.sum())
+            if n_done == len(done):
+                break
+            # Compaction: worth a copy of the cache once a quarter of the batch has stopped.
+            if compact and n_done * 4 >= len(done):
+                keep = (~done).nonzero().squeeze(-1)
+                cache.reorder_cache(keep)
+                rows, done, tok = rows[keep], done[keep], tok[keep]
+                step_mask, next_pos = step_mask[keep], next_pos[keep]
+        m = step_mask if static_cache else step_mask[:, :P + t + 1]
+        out = model(input_ids=tok.unsqueeze(-1), attention_mask=m,
                     position_ids=next_pos, use_cache=True, **{ckw: cache})
         next_pos = next_pos + 1
+    # The attention mask of the full batch: prompt mask, then the response mask.
+    full_mask[:, P:] = response_mask.long()
     if was_training:
         model.train()
 

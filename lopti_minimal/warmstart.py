@@ -73,6 +73,7 @@ class WarmStartConfig:
     # there; 6 and 7 people need longer searches and are capped to keep evaluation cheap.
     max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 450, 4: 800, 5: 1200, 6: 2048, 7: 2048})
     progress: bool = True
+    init: str | None = None          # the checkpoint this run continued from (--init), if any
 
 
 # ---------------------------------------------------------------------------------------
@@ -418,6 +419,7 @@ def main(argv=None) -> int:
         model, tokenizer = load_model_and_tokenizer(a.init, dtype=torch.float32, device="cpu")
         cfg.curriculum = (cfg.curriculum[-1],)
         cfg.warmup_steps = 20
+        cfg.init = a.init
     _, _, hist = warm_start(cfg, model=model, tokenizer=tokenizer, response_fn=RESPONSE_STYLES[a.style],
                             log=lambda s: print(s, flush=True))
     print(json.dumps(hist[-1]["official"], indent=1))

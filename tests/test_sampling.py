@@ -151,3 +151,54 @@ def test_static_and_dynamic_cache_agree():
     b = _sample(model, static_cache=False)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
+
+
+def test_compaction_of_stopped_rows_changes_nothing_greedy():
+    """Dropping stopped rows from the batch and the KV cache (compact=True, the default)
+    gives exactly the rollout of the uncompacted loop, with static and dynamic caches."""
+    model = tiny_llama(init=0.1)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] = model.lm_head.weight[40] * 1.05
+    prompts = PROMPTS + [[BOS, 20 + i, 30 + i] for i in range(5)]
+    for static in (True, False):
+        kw = dict(group_size=1, max_new_tokens=24, eos_token_id=EOS, pad_token_id=PAD,
+                  greedy=True, static_cache=static, check_every=2)
+        a = sample_groups(model, prompts, compact=True, **kw)
+        b = sample_groups(model, prompts, compact=False, **kw)
+        lengths = a.response_mask.sum(1)
+        assert lengths.min() < lengths.max()          # rows stopped at different steps
+        for name in ("input_ids", "attention_mask", "response_ids", "response_mask"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
+
+
+def test_compacted_sampling_keeps_logprobs_exact():
+    """Sampled with compaction: every recorded log-prob is still the teacher-forced one."""
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
+    r = _sample(model, max_new_tokens=24, check_every=2)
+    lengths = r.response_mask.sum(1)
+    assert lengths.min() < lengths.max()
+    tf = teacher_forced_logprobs(model, r, 0.7)
+    m = r.response_mask > 0
+    assert (tf[m] - r.old_logprobs[m]).abs().max() < 1e-4
+    # masks are prefixes: once a row stops it stays stopped
+    assert (r.response_mask[:, 1:] <= r.response_mask[:, :-1]).all()
+
+
+def test_bf16_kv_cache_under_cpu_autocast_is_bit_identical(monkeypatch):
+    """Under CPU bf16 autocast the static cache stores keys and values in bf16 (so attention
+    does not re-cast a float32 key cache at every step), and samples exactly what the
+    float32-key cache sampled: the same tokens and the same log-probs, bit for bit."""
+    import lopti_minimal.sampling as S
+    model = tiny_llama()
+    caches, store = [], S._store_kv_in
+    monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: (caches.append(c), store(c, dt)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = _sample(model)
+        monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: None)
+        b = _sample(model)
+    assert caches and all(layer.keys.dtype == torch.bfloat16 for layer in caches[0].layers)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.old_logprobs, b.old_logprobs)
