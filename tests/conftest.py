@@ -45,3 +45,15 @@ def tiny_warm(tmp_path_factory, kk_tokenizer):
 
 
 TINY_WARM_STEPS = 300
+
+
+@pytest.fixture(scope="session")
+def nano_dir(tmp_path_factory):
+    """A randomly initialised nano Llama with a small K&K tokenizer, saved as HF folder."""
+    from lopti_minimal.models import make_tiny_model
+    from lopti_minimal.tokenizer import build_tokenizer, kk_corpus
+    out = tmp_path_factory.mktemp("nano")
+    tok = build_tokenizer(kk_corpus(n_per_size=8, sizes=range(3, 6)), vocab_size=400)
+    make_tiny_model("nano", len(tok), tokenizer=tok, seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)

@@ -6,11 +6,10 @@ import pytest
 import eval as eval_cli
 from lopti_minimal import kk
 from lopti_minimal.evaluate import evaluate_records, format_table
-from test_trainer import nano_dir  # noqa: F401  (session fixture)
 
 
 @pytest.fixture(scope="module")
-def nano(nano_dir):  # noqa: F811
+def nano(nano_dir):
     from lopti_minimal.models import load_model_and_tokenizer
     return load_model_and_tokenizer(nano_dir, device="cpu")
 
@@ -37,7 +36,7 @@ def test_sampled_evaluation_reports_pass_at_k(nano):
     assert "pass_at_k" in rep["per_size"][3] and len(rep["responses"]) == 6
 
 
-def test_eval_cli_on_a_model_and_a_jsonl(nano_dir, tmp_path, capsys):  # noqa: F811
+def test_eval_cli_on_a_model_and_a_jsonl(nano_dir, tmp_path, capsys):
     data = tmp_path / "p.jsonl"
     kk.save_jsonl(kk.load_official([5])[:2], data)
     out = tmp_path / "rep.json"
@@ -54,7 +53,7 @@ def test_eval_cli_on_a_model_and_a_jsonl(nano_dir, tmp_path, capsys):  # noqa: F
     (["--sizes", "9"], "3..7"),
     (["--samples", "0"], "samples"),
 ])
-def test_eval_cli_bad_input(args, words, nano_dir, capsys):  # noqa: F811
+def test_eval_cli_bad_input(args, words, nano_dir, capsys):
     assert eval_cli.main(["--model", nano_dir, "--no-progress", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err

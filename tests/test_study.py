@@ -381,13 +381,3 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     assert [(e["ran"], e["skipped"]) for e in log] == [(2, 0), (0, 2)]
 
 
-@pytest.fixture(scope="session")
-def nano_dir(tmp_path_factory):
-    """Only when the shipped warm start is absent: a random nano Llama (as in test_trainer)."""
-    from lopti_minimal.models import make_tiny_model
-    from lopti_minimal.tokenizer import build_tokenizer, kk_corpus
-    d = tmp_path_factory.mktemp("nano")
-    tok = build_tokenizer(kk_corpus(n_per_size=8, sizes=range(3, 6)), vocab_size=400)
-    make_tiny_model("nano", len(tok), tokenizer=tok, seed=0).save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import train as train_cli
-from test_trainer import nano_dir  # noqa: F401  (session fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
@@ -25,7 +24,7 @@ def run_cli(*args, timeout=120):
     return p, time.perf_counter() - t
 
 
-def test_ci_preset_end_to_end_under_60s(nano_dir, tmp_path):  # noqa: F811
+def test_ci_preset_end_to_end_under_60s(nano_dir, tmp_path):
     model = [] if WARM.exists() else ["--model", nano_dir]     # the shipped model once it exists
     p, seconds = run_cli("--preset", "ci", "--run-dir", str(tmp_path / "run"), *model)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -54,7 +53,7 @@ def test_ci_preset_end_to_end_under_60s(nano_dir, tmp_path):  # noqa: F811
     (["--data", "/nonexistent/puzzles.jsonl"], "cannot read"),
     (["--model", "/nonexistent/model"], "not found"),
 ])
-def test_bad_input_one_line_exit_2_nothing_written(args, words, tmp_path, capsys, nano_dir):  # noqa: F811
+def test_bad_input_one_line_exit_2_nothing_written(args, words, tmp_path, capsys, nano_dir):
     run = tmp_path / "run"
     model = [] if "--model" in args else ["--model", nano_dir]
     with pytest.raises(SystemExit) as e:
@@ -75,7 +74,7 @@ def test_resume_of_a_non_run_is_refused(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["somefile"]
 
 
-def test_existing_run_dir_is_not_overwritten(tmp_path, capsys, nano_dir):  # noqa: F811
+def test_existing_run_dir_is_not_overwritten(tmp_path, capsys, nano_dir):
     run = tmp_path / "run"
     run.mkdir()
     (run / "keep.txt").write_text("mine")

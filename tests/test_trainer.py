@@ -12,16 +12,6 @@ from lopti_minimal.trainer import TrainError, make_config
 TIMING = ("sample_s", "update_s", "step_s")
 
 
-@pytest.fixture(scope="session")
-def nano_dir(tmp_path_factory):
-    """A randomly initialised nano Llama with a small K&K tokenizer, saved as HF folder."""
-    from lopti_minimal.models import make_tiny_model
-    from lopti_minimal.tokenizer import build_tokenizer, kk_corpus
-    out = tmp_path_factory.mktemp("nano")
-    tok = build_tokenizer(kk_corpus(n_per_size=8, sizes=range(3, 6)), vocab_size=400)
-    make_tiny_model("nano", len(tok), tokenizer=tok, seed=0).save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
 
 
 def length_reward(text, record):
