@@ -126,6 +126,40 @@ def _store_kv_in(cache, dtype: torch.dtype) -> None:
                         _update(k.to(dtype), v.to(dtype), *a, **kw))
 
 
+def _attend_to_filled_prefix(cache) -> bool:
+    """Make every full-attention layer of a StaticCache hand attention only the positions
+    written so far (P + t at decode step t), not all P + R preallocated ones.
+
+    A static cache avoids the DynamicCache's re-copy by concatenation at every step, but
+    out of the box it makes every decode step attend over the whole [P + R] buffer, the
+    unwritten tail masked out: on the tiny model at R = 512 that masked tail is most of
+    the attention work. Returning a view of the filled prefix (and telling the mask
+    builder the same length) is the same computation without the masked tail: equal up
+    to float rounding (tests/test_sampling.py), no copy, and no host sync on a GPU (the
+    length is counted on the host from the shapes written). Sliding-window layers are
+    left alone. Returns False when the cache does not have the layer API this needs.
+    """
+    layers = [l for l in getattr(cache, "layers", []) if not getattr(l, "is_sliding", False)]
+    if not layers or not all(hasattr(l, "get_mask_sizes") for l in layers):
+        return False
+    for layer in layers:
+        layer.n_filled = 0
+        update = layer.update
+
+        def filled_update(k, v, *a, _update=update, _layer=layer, **kw):
+            keys, values = _update(k, v, *a, **kw)
+            _layer.n_filled += k.shape[-2]
+            return keys[:, :, :_layer.n_filled], values[:, :, :_layer.n_filled]
+
+        def mask_sizes(query, *a, _layer=layer):
+            # transformers >= 5 passes the query length; 4.x passes cache_position.
+            q = query.shape[0] if torch.is_tensor(query) else int(query)
+            return _layer.n_filled + q, 0
+
+        layer.update, layer.get_mask_sizes = filled_update, mask_sizes
+    return True
+
+
 def _cache_kwarg(model) -> str:
     """transformers 5.x renamed `past_key_values` to `cache`; accept either API."""
     params = inspect.signature(model.forward).parameters
@@ -148,6 +182,7 @@ def sample_groups(
     check_every: int = 4,
     static_cache: bool = True,
     compact: bool = True,
+    filled_prefix: bool = True,
 ) -> Rollout:
     """Sample `group_size` responses for each prompt (token ids), batched over all rows.
 
@@ -166,6 +201,9 @@ def sample_groups(
         few long responses is not paid for by every row. The outputs are identical for
         greedy decoding; sampled tokens differ from compact=False only in which random
         numbers each row draws (still deterministic for a generator seed).
+    filled_prefix: with the static cache, attend over the positions written so far only
+        (see `_attend_to_filled_prefix`); False attends over the whole preallocated
+        cache, masked, as transformers' StaticCache does (kept for benchmarks).
     """
     if temperature is None:
         temperature = 1.0
@@ -212,6 +250,7 @@ def sample_groups(
             kv_dtype = _autocast_dtype(device)
             if kv_dtype is not None:
                 _store_kv_in(cache, kv_dtype)
+            filled_prefix = filled_prefix and _attend_to_filled_prefix(cache)
     if cache is None:
         cache = DynamicCache()
     ckw = _cache_kwarg(model)
@@ -257,7 +296,8 @@ def sample_groups(
                 cache.reorder_cache(keep)
                 rows, done, tok = rows[keep], done[keep], tok[keep]
                 step_mask, next_pos = step_mask[keep], next_pos[keep]
-        m = step_mask if static_cache else step_mask[:, :P + t + 1]
+        whole_cache = static_cache and not filled_prefix     # attention sees all P + R
+        m = step_mask if whole_cache else step_mask[:, :P + t + 1]
         out = model(input_ids=tok.unsqueeze(-1), attention_mask=m,
                     position_ids=next_pos, use_cache=True, **{ckw: cache})
         next_pos = next_pos + 1

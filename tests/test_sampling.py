@@ -202,3 +202,31 @@ def test_bf16_kv_cache_under_cpu_autocast_is_bit_identical(monkeypatch):
     assert caches and all(layer.keys.dtype == torch.bfloat16 for layer in caches[0].layers)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.old_logprobs, b.old_logprobs)
+
+
+def test_attending_to_the_filled_prefix_changes_nothing(monkeypatch):
+    """The static cache hands attention only the positions written so far (the default);
+    tokens, masks and log-probs equal those of attending over the whole preallocated,
+    masked cache (filled_prefix=False), greedy and sampled, with rows stopping early and
+    being compacted away."""
+    import lopti_minimal.sampling as S
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
+    caches, attend = [], S._attend_to_filled_prefix
+    monkeypatch.setattr(S, "_attend_to_filled_prefix",
+                        lambda c: (caches.append(c), attend(c))[1])
+    R = 24
+    for greedy in (True, False):
+        a = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy)
+        b = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy, filled_prefix=False)
+        lengths = a.response_mask.sum(1)
+        assert lengths.min() < lengths.max()
+        for name in ("response_ids", "response_mask", "attention_mask"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
+    # it was active: the layers counted what they stored, fewer than the P + R positions
+    assert len(caches) == 2
+    P = max(len(p) for p in PROMPTS)
+    filled = caches[-1].layers[0].n_filled
+    assert P < filled < P + R
