@@ -106,14 +106,21 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     full log_softmax over them is ever built. Position ids skip the left padding exactly
     as in sampling. Padding positions get an arbitrary value; callers mask them.
     """
-    R = input_ids.shape[1] - prompt_len
+    R_full = input_ids.shape[1] - prompt_len
+    # Responses are right-padded to the longest of the whole batch; a micro-batch of
+    # shorter ones skips its all-padding tail columns (the causal model never looks
+    # ahead, so the kept positions compute the same values) and pads the result back.
+    filled = attention_mask[:, prompt_len:].any(0).nonzero()
+    R = int(filled.max()) + 1 if len(filled) else 0
+    input_ids, attention_mask = input_ids[:, :prompt_len + R], attention_mask[:, :prompt_len + R]
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids_from_mask(attention_mask),
                 use_cache=False, logits_to_keep=R + 1)
     logits = out.logits[:, -(R + 1):-1, :].float() / temperature     # [B, R, V]
     targets = input_ids[:, prompt_len:].unsqueeze(-1)
     # log_softmax(z)_y = z_y - logsumexp(z): avoids materialising a second [B, R, V].
-    return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.nn.functional.pad(logp, (0, R_full - R))
 
 
 # ------------------------------------------------------------------------ losses
@@ -209,6 +216,26 @@ def batch_from_rollout(rollout, advantages: torch.Tensor) -> dict:
         "advantages": advantages,
         "prompt_len": rollout.prompt_len,
     }
+
+
+def sort_by_length(batch: dict, config: GRPOConfig) -> tuple[dict, torch.Tensor]:
+    """Reorder the rows of each mini-batch by response length, so that each micro-batch
+    holds responses of similar length and `token_logprobs` can skip its padding.
+
+    Only the order of rows within a mini-batch changes, so every optimizer step sees the
+    same responses; under grad_accum="global" its loss is a sum over tokens divided by
+    the mini-batch's token count, which no order changes (equal up to float rounding).
+    Under grad_accum="verl" the micro-batch composition is part of the loss (a mean of
+    per-micro-batch means), so the batch is returned unchanged. Returns (batch, order):
+    row i of the new batch is row order[i] of the old one.
+    """
+    lengths = batch["response_mask"].sum(1)
+    B = len(lengths)
+    if config.grad_accum != "global":
+        return batch, torch.arange(B, device=lengths.device)
+    order = torch.cat([s + lengths[s:s + config.mini_batch_size].argsort(stable=True)
+                       for s in range(0, B, config.mini_batch_size)])
+    return {k: (v[order] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in batch.items()}, order
 
 
 @torch.no_grad()

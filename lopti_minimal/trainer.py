@@ -481,7 +481,8 @@ def default_reward(text: str, record: dict) -> float:
 def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: list[list[int]],
             cfg: TrainConfig, step: int, reward_fn=None) -> dict:
     """One RL step on the given prompts. Returns the step's metrics (a flat dict)."""
-    from .grpo import batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3, token_advantages
+    from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3,
+                       sort_by_length, token_advantages)
     from .lopti import lopti_update, split_by_probability
     from .reweight import reweight_advantages
 
@@ -502,9 +503,13 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
 
     # 3. Advantages: one per response, broadcast to its tokens (padding 0).
     adv = group_advantages(rewards, G, gcfg.adv_eps).to(device)
-    mask = ro.response_mask
     with autocast(cfg, device):
-        batch = batch_from_rollout(ro, token_advantages(adv, mask))
+        batch = batch_from_rollout(ro, token_advantages(adv, ro.response_mask))
+        # Similar lengths in each micro-batch, so the forward passes skip most padding
+        # (the same mini-batches, the same loss; see sort_by_length). From here on every
+        # per-row tensor, the mask included, is in this order.
+        batch, _ = sort_by_length(batch, gcfg)
+        mask = batch["response_mask"]
         # 3b. log pi_old by the same teacher-forced forward the update uses (verl does
         # this too): under bf16 autocast the sampler's incremental logits differ in the
         # last bits, and the first ratio must be exactly 1 (DESIGN.md §5).

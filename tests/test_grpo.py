@@ -6,8 +6,8 @@ import torch
 
 from lopti_minimal.grpo import (GRPOConfig, aggregate, batch_from_rollout, group_advantages,
                                 grpo_update, kl_k3, make_optimizer, policy_loss,
-                                token_logprobs)
-from lopti_minimal.sampling import sample_groups
+                                sort_by_length, token_logprobs)
+from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
 from llama_stub import BOS, EOS, PAD, tiny_llama
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
@@ -164,6 +164,60 @@ def test_micro_batches_reproduce_whole_batch_gradient(mode):
                           loss_agg_mode=mode, grad_clip=1e9, grad_accum="verl")
         g_verl = _grad(model, b, verl, ref)
         assert (g_whole - g_verl).abs().max() > 1e-2 * g_whole.abs().max()
+
+
+def test_a_micro_batch_of_short_responses_skips_the_padding_columns():
+    """token_logprobs runs a micro-batch only up to its own longest response and pads the
+    result back: the values equal a full-width teacher-forced forward."""
+    model = tiny_llama().eval()
+    r, _ = rollout_batch(model)
+    lengths = r.response_mask.sum(1)
+    rows = lengths.argsort()[:4]
+    R = r.response_ids.shape[1]
+    assert lengths[rows].max() < R                 # there is a padding tail to skip
+    ids, mask, P = r.input_ids[rows], r.attention_mask[rows], r.prompt_len
+    seen = []
+    hook = model.register_forward_pre_hook(lambda mod, a, kw: seen.append(kw["input_ids"].shape[1]),
+                                           with_kwargs=True)
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, mask, P, 0.7)
+        hook.remove()
+        full = model(input_ids=ids, attention_mask=mask,
+                     position_ids=position_ids_from_mask(mask)).logits
+    assert seen == [P + int(lengths[rows].max())] and lp.shape == (4, R)
+    ref = torch.log_softmax(full[:, P - 1:-1].float() / 0.7, -1)
+    ref = ref.gather(-1, ids[:, P:].unsqueeze(-1)).squeeze(-1)
+    m = r.response_mask[rows] > 0
+    assert (lp[m] - ref[m]).abs().max() < 1e-5
+    assert (lp[~m] == 0).all()
+
+
+def test_sorting_rows_by_length_changes_only_the_order():
+    """sort_by_length moves rows within their mini-batch only, and under the exact
+    ("global") accumulation every optimizer step gets the same gradient; under "verl"
+    (where micro-batch composition matters) it leaves the batch alone."""
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    # longest first, so that sorting has something to do
+    b = {k: (v.flip(0) if torch.is_tensor(v) and v.dim() else v) for k, v in b.items()}
+    cfg = GRPOConfig(kl_coef=0.1, mini_batch_size=6, micro_batch_size=3, grad_clip=1e9)
+    sb, order = sort_by_length(b, cfg)
+    assert sorted(order[:6].tolist()) == list(range(6))
+    assert sorted(order[6:].tolist()) == list(range(6, 12))
+    lens = sb["response_mask"].sum(1)
+    assert (lens[:6].diff() >= 0).all() and (lens[6:].diff() >= 0).all()
+    assert not torch.equal(order, torch.arange(12))        # the test bites
+    ref = tiny_llama(seed=1)
+    grads = []
+    for batch in (b, sb):
+        opt = GradRecorder(model.parameters())
+        grpo_update(model, ref, opt, batch, cfg)
+        grads.append([flat(g) for g in opt.grads])
+    assert len(grads[0]) == 2
+    for ga, gb in zip(*grads):
+        assert (ga - gb).abs().max() <= 1e-5 * ga.abs().max()
+    verl = GRPOConfig(grad_accum="verl")
+    assert sort_by_length(b, verl)[0] is b
 
 
 def test_mini_batches_make_separate_optimizer_steps():
