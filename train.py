@@ -46,10 +46,30 @@ import os
 import sys
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show "(default: X)" only where argparse holds the default; options left at None
+    take the preset's value, which their help text names."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parse_rl_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rl-sizes takes people per puzzle like 3 or 3,4, not {text!r}")
+    if not sizes or any(not 2 <= n <= 8 for n in sizes):
+        raise argparse.ArgumentTypeError(f"--rl-sizes: each size must be 2..8, got {text!r}")
+    return sizes
+
+
 def parse_args(argv=None):
     from lopti_minimal.trainer import METHODS, PRESETS
     ap = argparse.ArgumentParser(description="GRPO / AR / Lopti RL on Knights & Knaves.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=HelpFormatter)
     ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(PRESETS)}")
     ap.add_argument("--method", help=f"one of: {', '.join(METHODS)} (default ar_lopti)")
     ap.add_argument("--alpha", type=float, help="AR strength, paper Eq. 4, in [0, 1] (default 0.3)")
@@ -65,6 +85,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, help="response budget of an RL rollout")
     ap.add_argument("--max-prompt-len", type=int, help="longer RL prompts are dropped")
     ap.add_argument("--model", help="HF folder, hub id or .gguf file (default: checkpoints/tiny-warm)")
+    ap.add_argument("--rl-sizes", type=parse_rl_sizes,
+                    help="people per generated RL puzzle, e.g. 3 or 3,4 (default: the preset's)")
     ap.add_argument("--data", help="train on this K&K JSON Lines file instead of generated puzzles")
     ap.add_argument("--run-dir", help="where to write the run (default runs/<time>-<preset>-<method>-s<seed>)")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue this run after its latest checkpoint")
@@ -98,7 +120,7 @@ def build_config(a):
         a.preset, method=a.method, alpha=a.alpha, eta=a.eta, lopti_order=a.lopti_order, seed=a.seed, group_size=a.group_size,
         prompts_per_step=a.prompts_per_step, lr=a.lr, steps=a.steps, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, max_prompt_len=a.max_prompt_len, model=a.model,
-        rl_data=a.data, run_dir=a.run_dir, eval_every=a.eval_every, save_every=a.save_every,
+        rl_sizes=a.rl_sizes, rl_data=a.data, run_dir=a.run_dir, eval_every=a.eval_every, save_every=a.save_every,
         eval_before=a.eval_before or None, final_eval=False if a.no_eval else None,
         threads=a.threads, device=a.device, tensorboard=a.tensorboard or None,
         progress=False if a.no_progress else None)

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")               # files only; no display on a server
-import matplotlib.pyplot as plt  # noqa: E402
+# Figures are built without pyplot, so importing this module changes no global
+# matplotlib state (a notebook keeps its inline backend; a server needs no display).
+from matplotlib.figure import Figure
 
 LABELS = ("[0,.25)", "[.25,.5)", "[.5,.75)", "[.75,1]")
 X = range(4)
@@ -39,7 +38,8 @@ def _bar_pair(ax, a, b, la, lb, colors=("tab:red", "tab:blue")):
 
 
 def plot_fig1(res: dict, path: str, title: str = "") -> str:
-    fig, axes = plt.subplots(1, 5, figsize=(19, 3.6))
+    fig = Figure(figsize=(19, 3.6))
+    axes = fig.subplots(1, 5)
     # (a) token share
     ax = axes[0]
     ax.bar(X, res["token_share"], color="tab:gray")
@@ -78,13 +78,13 @@ def plot_fig1(res: dict, path: str, title: str = "") -> str:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
     return path
 
 
 def plot_fig3(res: dict, path: str, title: str = "") -> str:
     per_opt = res["fig3"]
-    fig, axes = plt.subplots(1, len(per_opt), figsize=(5.2 * len(per_opt), 3.6), squeeze=False)
+    fig = Figure(figsize=(5.2 * len(per_opt), 3.6))
+    axes = fig.subplots(1, len(per_opt), squeeze=False)
     for ax, (opt, per) in zip(axes[0], per_opt.items()):
         for i, (meth, e) in enumerate(per.items()):
             c = f"C{i}"
@@ -101,7 +101,6 @@ def plot_fig3(res: dict, path: str, title: str = "") -> str:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
     return path
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 # Response budget per size for the tiny model: its compact derivations take ~200 (3
 # people) to ~1,100 (7 people) tokens on average; the long tail beyond these is almost

@@ -1,4 +1,4 @@
-"""Plots of a run (matplotlib, Agg backend: files only, no display needed).
+"""Plots of a run (matplotlib figures written to PNG files; no display needed).
 
 - training curves: mean reward and sampled-response accuracy per RL step, with a moving
   average (single steps are noisy: a few prompts x G responses each);
@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+# Figures are built without pyplot, so importing this module changes no global
+# matplotlib state (a notebook keeps its inline backend; a server needs no display).
+from matplotlib.figure import Figure
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -34,7 +33,8 @@ def moving_average(x, k: int):
 
 def plot_training(metrics: list[dict], path, window: int = 5) -> str:
     steps = [m["step"] for m in metrics]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig = Figure(figsize=(13, 3.6))
+    axes = fig.subplots(1, 3)
     for ax, key, label in zip(axes, ("reward", "accuracy", "response_len"),
                               ("mean reward", "accuracy of sampled responses", "response tokens")):
         y = [m[key] for m in metrics]
@@ -46,12 +46,12 @@ def plot_training(metrics: list[dict], path, window: int = 5) -> str:
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return str(path)
 
 
 def plot_eval_curve(evals: list[dict], path) -> str:
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
     sizes = sorted({s for e in evals for s in e["accuracy"]}, key=int)
     for s in sizes:
         pts = [(e["step"], e["accuracy"][s]) for e in evals if s in e["accuracy"]]
@@ -63,7 +63,6 @@ def plot_eval_curve(evals: list[dict], path) -> str:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return str(path)
 
 
@@ -73,7 +72,8 @@ def plot_size_bars(reports: dict, path, title: str = "accuracy per puzzle size")
     sizes = sorted({str(n) for r in reports.values() for n in r["per_size"]}, key=int)
     x = np.arange(len(sizes))
     w = 0.8 / max(len(labels), 1)
-    fig, ax = plt.subplots(figsize=(1.2 * len(sizes) + 3, 3.6))
+    fig = Figure(figsize=(1.2 * len(sizes) + 3, 3.6))
+    ax = fig.subplots()
     for i, lab in enumerate(labels):
         per = {str(k): v for k, v in reports[lab]["per_size"].items()}
         ys = [per.get(s, {}).get("accuracy", np.nan) for s in sizes]
@@ -86,7 +86,6 @@ def plot_size_bars(reports: dict, path, title: str = "accuracy per puzzle size")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return str(path)
 
 

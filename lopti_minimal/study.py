@@ -102,7 +102,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from . import trainer
 from .trainer import ROOT, TrainError
@@ -714,10 +714,9 @@ def aggregate(out, window: int = 5) -> dict:
 
 def plot_curves(table: dict, path, title: str, window: int) -> str:
     """Learning curves of a grid table: mean over its seeds with a 95% t band."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(12, 3.8))
+    axes = fig.subplots(1, 2)
     for ax, key, lab in zip(axes, ("reward", "accuracy"), ("mean reward", "accuracy of sampled responses")):
         for row in table["rows"].values():
             c = (row["curves"] or {}).get(key)
@@ -732,20 +731,18 @@ def plot_curves(table: dict, path, title: str, window: int) -> str:
     fig.suptitle(f"{title}; mean over seeds {_seed_text(table['seeds'])}, 95% t band", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return str(path)
 
 
 def plot_sizes(table: dict, sizes: list[int], path, title: str) -> str:
     """Final accuracy per size and avg of a grid table, with 95% t error bars."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     cols = [str(n) for n in sizes] + ["avg"]
     x = np.arange(len(cols))
     rows = list(table["rows"].values())
     w = 0.8 / max(len(rows), 1)
-    fig, ax = plt.subplots(figsize=(1.3 * len(cols) + 3, 3.8))
+    fig = Figure(figsize=(1.3 * len(cols) + 3, 3.8))
+    ax = fig.subplots()
     for i, row in enumerate(rows):
         m = [row["accuracy"][c]["mean"] for c in cols]
         h = [row["accuracy"][c]["half"] or 0.0 for c in cols]
@@ -757,7 +754,6 @@ def plot_sizes(table: dict, sizes: list[int], path, title: str) -> str:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return str(path)
 
 

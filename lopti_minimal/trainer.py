@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 
 # ---------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ def test_ci_preset_end_to_end_under_60s(nano_dir, tmp_path):
     (["--group-size", "1"], "group size"),
     (["--preset", "nope"], "unknown preset"),
     (["--alpha", "abc"], "invalid float"),
+    (["--rl-sizes", "3,x"], "people per puzzle"),
+    (["--rl-sizes", "1"], "2..8"),
     (["--data", "/nonexistent/puzzles.jsonl"], "cannot read"),
     (["--model", "/nonexistent/model"], "not found"),
 ])
