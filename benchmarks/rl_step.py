@@ -158,7 +158,7 @@ def part_sampler(S: Setup, args) -> dict:
     eos = tok.eos_token_id
     model.eval()
 
-    def ours(fixed: bool, seed: int):
+    def ours(fixed: bool, seed: int, filled_prefix: bool = True):
         gen = T.step_generator(cfg.seed, seed, S.device)
         if not fixed:        # exactly what rl_step calls
             ro = T.rollout(model, tok, prompts, cfg, gen)
@@ -166,8 +166,13 @@ def part_sampler(S: Setup, args) -> dict:
             with T.autocast(cfg, S.device):
                 ro = sample_groups(model, prompts, G, R, temperature=cfg.temperature,
                                    top_p=cfg.top_p, top_k=cfg.top_k, eos_token_id=[],
-                                   pad_token_id=tok.pad_token_id, generator=gen)
+                                   pad_token_id=tok.pad_token_id, generator=gen,
+                                   filled_prefix=filled_prefix)
         return int(ro.response_mask.sum())
+
+    def ours_whole(fixed: bool, seed: int):
+        """Ours attending over the whole preallocated cache (before the filled-prefix view)."""
+        return ours(fixed, seed, filled_prefix=False)
 
     def hf(fixed: bool, seed: int):
         torch.manual_seed(seed)
@@ -186,18 +191,20 @@ def part_sampler(S: Setup, args) -> dict:
 
     res = {"rows": B, "prompts": len(prompts), "prompt_len_max": int(ids.shape[1]),
            "max_new_tokens": R}
+    contenders = {"fixed": (("ours", ours), ("ours_whole", ours_whole), ("generate", hf)),
+                  "eos": (("ours", ours), ("generate", hf))}
     for mode in ("fixed", "eos"):
         fixed = mode == "fixed"
-        for name, fn in (("ours", ours), ("generate", hf)):
+        for name, fn in contenders[mode]:
             fn(fixed, 999)                                   # warm-up
-        times = {"ours": [], "generate": []}
-        toks = {"ours": [], "generate": []}
+        times = {name: [] for name, _ in contenders[mode]}
+        toks = {name: [] for name, _ in contenders[mode]}
         for r in range(args.repeats):
-            for name, fn in (("ours", ours), ("generate", hf)):
+            for name, fn in contenders[mode]:
                 dt, n = timed(lambda: fn(fixed, r), S.sync)
                 times[name].append(dt)
                 toks[name].append(n)
-        for name in ("ours", "generate"):
+        for name, _ in contenders[mode]:
             tps = [n / t for n, t in zip(toks[name], times[name])]
             res[f"{mode}_{name}_tok_s"] = statistics.median(tps)
             res[f"{mode}_{name}_s"] = statistics.median(times[name])
@@ -205,12 +212,14 @@ def part_sampler(S: Setup, args) -> dict:
         res[f"{mode}_speedup"] = res[f"{mode}_ours_tok_s"] / res[f"{mode}_generate_tok_s"]
     print(f"\n[sampler] {B} rows ({len(prompts)} prompts x G={G}), prompts <= {ids.shape[1]} tokens, "
           f"<= {R} new tokens, T={cfg.temperature}, median of {args.repeats}")
-    print(f"{'mode':8}{'':10}{'tokens':>9}{'seconds':>10}{'tokens/s':>11}")
+    print(f"{'mode':8}{'':12}{'tokens':>9}{'seconds':>10}{'tokens/s':>11}")
     for mode in ("fixed", "eos"):
-        for name in ("ours", "generate"):
-            print(f"{mode:8}{name:10}{res[f'{mode}_{name}_tokens']:>9.0f}{res[f'{mode}_{name}_s']:>10.2f}"
+        for name, _ in contenders[mode]:
+            print(f"{mode:8}{name:12}{res[f'{mode}_{name}_tokens']:>9.0f}{res[f'{mode}_{name}_s']:>10.2f}"
                   f"{res[f'{mode}_{name}_tok_s']:>11.0f}")
         print(f"{mode:8}ours / generate tokens/s = {res[f'{mode}_speedup']:.2f}  (goal >= 1)")
+    res["filled_prefix_speedup"] = res["fixed_ours_tok_s"] / res["fixed_ours_whole_tok_s"]
+    print(f"fixed   ours / ours attending the whole static cache = {res['filled_prefix_speedup']:.2f}")
     return res
 
 
@@ -219,9 +228,11 @@ def part_sampler(S: Setup, args) -> dict:
 
 def rollout_batch(S: Setup, step: int = 0):
     """One step's rollout turned into the update batch exactly as rl_step does (rewards,
-    group advantages, recomputed old log-probs, reference log-probs, AR)."""
+    group advantages, rows sorted by length, recomputed old log-probs, reference log-probs,
+    AR)."""
     from lopti_minimal import trainer as T
-    from lopti_minimal.grpo import batch_from_rollout, batch_logprobs, group_advantages, token_advantages
+    from lopti_minimal.grpo import (batch_from_rollout, batch_logprobs, group_advantages,
+                                    sort_by_length, token_advantages)
     from lopti_minimal.reweight import reweight_advantages
     cfg = S.cfg
     gcfg = cfg.grpo_config()
@@ -233,6 +244,7 @@ def rollout_batch(S: Setup, step: int = 0):
     adv = group_advantages(rewards, cfg.group_size, gcfg.adv_eps).to(S.device)
     with T.autocast(cfg, S.device):
         batch = batch_from_rollout(ro, token_advantages(adv, ro.response_mask))
+        batch, _ = sort_by_length(batch, gcfg)
         batch["old_logprobs"] = batch_logprobs(S.model, batch, gcfg)
         ref_logp = batch_logprobs(S.ref, batch, gcfg) if S.ref is not None else None
         ar_adv = reweight_advantages(batch["advantages"], batch["old_logprobs"], cfg.alpha)
