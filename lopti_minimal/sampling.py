@@ -254,6 +254,9 @@ def sample_groups(
     if cache is None:
         cache = DynamicCache()
     ckw = _cache_kwarg(model)
+    # The decode mask covers what attention sees: all P + R positions of an unmodified
+    # static cache, else the positions filled so far.
+    whole_cache = static_cache and not filled_prefix
     positions = position_ids_from_mask(mask)
     # Prefill: the whole prompt at once; we only need the logits of its last position.
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
@@ -296,7 +299,6 @@ def sample_groups(
                 cache.reorder_cache(keep)
                 rows, done, tok = rows[keep], done[keep], tok[keep]
                 step_mask, next_pos = step_mask[keep], next_pos[keep]
-        whole_cache = static_cache and not filled_prefix     # attention sees all P + R
         m = step_mask if whole_cache else step_mask[:, :P + t + 1]
         out = model(input_ids=tok.unsqueeze(-1), attention_mask=m,
                     position_ids=next_pos, use_cache=True, **{ckw: cache})
