@@ -102,6 +102,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from . import trainer
@@ -344,6 +345,30 @@ def check_warm_start(out, preset: str, model: str) -> str:
     return fp
 
 
+def warm_start_eval_path(out, preset: str) -> Path:
+    return Path(out) / preset / "warm-start-eval.json"
+
+
+def evaluate_warm_start(out, cfg, echo=print) -> Path:
+    """The reference row "warm start (no RL)": the starting policy of a preset, evaluated
+    once, greedy, with exactly the final evaluation of the runs (cfg: any run config of
+    the preset). RL at small scale can lower accuracy; the Δ vs GRPO columns cannot show
+    that, this row does. Skipped when its file exists (greedy decoding is deterministic)."""
+    path = warm_start_eval_path(out, cfg.preset)
+    if path.exists():
+        return path
+    from .evaluate import write_report
+    echo(f"[study] evaluating the warm start {cfg.model} ({cfg.preset}) -> {path}")
+    t0 = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = trainer.load_policy(cfg)
+    report = trainer.evaluate_policy(model, tok, cfg, progress=False)
+    report.update(model=cfg.model, threads=cfg.threads, wall_s=round(time.perf_counter() - t0, 1))
+    write_report(report, path)
+    return path
+
+
 # =======================================================================================
 # 3. Running: skip, resume, or start; one process or several
 # =======================================================================================
@@ -439,9 +464,12 @@ def _execute_in_worker(cfg_json: dict, status: str, train_fn) -> dict:
 
 
 def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train_fn=None, jobs: int = 1,
-              threads: int | None = None, progress: bool = True, echo=print, argv=None) -> dict:
+              threads: int | None = None, progress: bool = True, echo=print, argv=None,
+              eval_warm_start: bool = False) -> dict:
     """Run every spec that is not finished. Returns {"done", "skipped", "failed", "wall_s"}.
-    train_fn(cfg, resume=..., log=...) defaults to trainer.train (tests inject a fake)."""
+    train_fn(cfg, resume=..., log=...) defaults to trainer.train (tests inject a fake).
+    eval_warm_start: first evaluate each preset's warm start (`evaluate_warm_start`; the
+    command line does, tests of the orchestration with fake models do not)."""
     out = Path(out)
     jobs = max(1, int(jobs))
     if threads is None and jobs > 1:
@@ -457,6 +485,10 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
         if status != "new":
             check_existing(cfg.run_dir, cfg)
         (skipped if status == "done" else todo).append((spec, cfg, status))
+    if eval_warm_start:
+        for preset in dict.fromkeys(spec.preset for spec, _, _ in todo + skipped):
+            cfg = next(c for sp, c, _ in todo + skipped if sp.preset == preset)
+            evaluate_warm_start(out, cfg, echo)
     echo(f"[study] {len(specs)} runs: {len(skipped)} finished (skipped), "
          f"{sum(s == 'resume' for _, _, s in todo)} to resume, {sum(s == 'new' for _, _, s in todo)} to start"
          f" | jobs {jobs}, threads per run {threads or 'default'} | {out}")
@@ -693,10 +725,16 @@ def aggregate(out, window: int = 5) -> dict:
                 "update_passes": 2 if v.method in ("lopti", "ar_lopti") else 1,
             }
         grids = {g: t for g in GRIDS if (t := grid_table(groups, g, sizes, window))}
+        wpath = warm_start_eval_path(out, preset)
+        warm = None
+        if wpath.exists():
+            wev = json.loads(wpath.read_text())
+            wacc = {str(n): float(v["accuracy"]) for n, v in wev["per_size"].items() if int(n) in sizes}
+            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model")}
         P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
         res["presets"][preset] = {
             "model": ref_cfg["model"], "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
-            "sizes": sizes, "variants": variants, "grids": grids, "excluded": excluded,
+            "sizes": sizes, "variants": variants, "grids": grids, "excluded": excluded, "warm_start": warm,
             "budget": {"steps": S, "prompts_per_step": P, "group_size": G, "responses_per_run": S * P * G,
                        "mini_batch_size": ref_cfg["mini_batch_size"],
                        "optimizer_steps_per_stage": math.ceil(P * G / ref_cfg["mini_batch_size"]),
@@ -831,10 +869,13 @@ def summary(rows: list[dict]) -> str | None:
             "is at the 5% level on its own; with several of them, one may exclude 0 by chance.")
 
 
-def _variant_table(table: dict, sizes: list[int]) -> list[str]:
+def _variant_table(table: dict, sizes: list[int], warm: dict | None = None) -> list[str]:
     sz = [str(n) for n in sizes]
     lines = ["| method | " + " | ".join(f"{s} people" for s in sz) + " | avg | Δ avg vs GRPO [paired 95% CI] | relative |",
              "|" + "---|" * (len(sz) + 4)]
+    if warm:            # one greedy evaluation, no seeds: a plain value
+        lines.append("| warm start (no RL) | " + " | ".join(f"{warm['accuracy'][s]:.3f}" for s in sz)
+                     + f" | {warm['accuracy']['avg']:.3f} | | |")
     for row in table["rows"].values():
         d = (row.get("vs_grpo") or {}).get("avg")
         lines.append(f"| {row['label']} | " + " | ".join(_cell(row["accuracy"][s]) for s in sz)
@@ -945,7 +986,9 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                 continue            # a sweep with no run of its own repeats the main table
             rows = list(table["rows"].values())
             L += [f"### {GRID_TITLES[grid]}", "", f"Seeds {_seed_text(table['seeds'])} "
-                  f"(n = {len(table['seeds'])} per row).", ""] + _variant_table(table, sizes) + [""]
+                  f"(n = {len(table['seeds'])} per row)." + (" The first row is the starting policy, evaluated once "
+                  "in the same way (`warm-start-eval.json`)." if grid == "main" and pr.get("warm_start") else ""),
+                  ""] + _variant_table(table, sizes, pr.get("warm_start") if grid == "main" else None) + [""]
             dt = _diff_table(table, sizes)
             if dt:
                 L += ["Difference from GRPO per size (paired by seed, 95% CI):", ""] + dt + [""]
@@ -1123,7 +1166,7 @@ def main(argv=None) -> int:
             if a.dry_run:
                 return _dry_run(specs, out, overrides, a)
             r = run_study(specs, out, overrides, jobs=a.jobs, threads=a.threads, progress=not a.no_progress,
-                          argv=argv)
+                          argv=argv, eval_warm_start=True)
             print(f"[study] this invocation: {_hours(r['wall_s'])}; ran {len(r['done'])}, "
                   f"skipped {len(r['skipped'])}, failed {len(r['failed'])}")
         if not a.no_report:

@@ -376,7 +376,14 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     assert res["presets"]["ci"]["fingerprint"].startswith("sha256:")
     text = rep.read_text()
     assert "GRPO+AR+Lopti (α=0.3, η=0.5)" in text and "too few for a confidence interval" in text
+    # The starting policy was evaluated once, like the runs, and heads the main table.
+    warm = out / "ci" / "warm-start-eval.json"
+    acc = json.loads(warm.read_text())["per_size"]["3"]["accuracy"]
+    assert f"| warm start (no RL) | {acc:.3f} |" in text
+    assert res["presets"]["ci"]["warm_start"]["accuracy"]["3"] == acc
+    stamp = warm.stat().st_mtime_ns
     assert S.main(args) == 0
+    assert warm.stat().st_mtime_ns == stamp          # not evaluated again
     log = [json.loads(l) for l in (out / "study_log.jsonl").read_text().splitlines()]
     assert [(e["ran"], e["skipped"]) for e in log] == [(2, 0), (0, 2)]
 
