@@ -498,7 +498,7 @@ def memory_child(args) -> dict:
 
 def part_memory(args) -> dict:
     res = {}
-    base_argv = [a for a in sys.argv[1:]]
+    base_argv = list(sys.argv[1:])
     for mode in ("off", "on"):
         cmd = [sys.executable, os.path.abspath(__file__), *base_argv, "--child", mode]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -509,6 +509,9 @@ def part_memory(args) -> dict:
     print(f"{'':24}{'peak step memory':>18}{'step s':>9}{'update s':>10}{'tokens':>8}")
     for name, r in (("without checkpointing", off), ("with checkpointing", on)):
         print(f"{name:24}{r['peak_step_mib']:>14.0f} MiB{r['step_s']:>9.2f}{r['update_s']:>10.2f}{r['tokens']:>8}")
+    saved = 1 - on["peak_step_mib"] / off["peak_step_mib"]
+    slower = on["step_s"] / off["step_s"]
+    print(f"memory saved {saved:.0%} (goal >= 40%), step time x{slower:.2f} (goal <= 1.4)")
     print("(the two steps sample the same rollouts only if the model's numerics do not change with "
           "checkpointing; compare `tokens`)")
     return res

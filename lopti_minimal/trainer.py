@@ -84,8 +84,8 @@ class TrainConfig:
     # --- RL schedule
     seed: int = 0
     steps: int = 20                # reference: 5 epochs x 4,500 / 64 ~ 350 steps; sized here to
-                                   # fit the 15-minute CPU budget (issue 5 §6): ~18 s per step
-                                   # and ~7 min for the final evaluation on 2 cores
+                                   # fit the 15-minute CPU budget (issue 5 §6): 17.3 s per step
+                                   # and 104 s for the final evaluation on 2 cores (README)
     prompts_per_step: int = 8      # reference 64; a 2-core CPU samples ~40 x fewer tokens/s
     group_size: int = 8            # G, reference 8
     temperature: float = 0.7       # reference 0.7 (also divides the logits in training)

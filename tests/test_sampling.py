@@ -213,9 +213,17 @@ def test_attending_to_the_filled_prefix_changes_nothing(monkeypatch):
     model = tiny_llama()
     with torch.no_grad():
         model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
-    caches, attend = [], S._attend_to_filled_prefix
-    monkeypatch.setattr(S, "_attend_to_filled_prefix",
-                        lambda c: (caches.append(c), attend(c))[1])
+    caches, attend, seen = [], S._attend_to_filled_prefix, []
+
+    def attend_and_record(cache):
+        active = attend(cache)
+        caches.append(cache)
+        layer, update = cache.layers[0], cache.layers[0].update
+        # record how many key positions attention is handed at each call
+        layer.update = lambda k, v, *a, **kw: (lambda kv: (seen.append(kv[0].shape[-2]), kv)[1])(
+            update(k, v, *a, **kw))
+        return active
+    monkeypatch.setattr(S, "_attend_to_filled_prefix", attend_and_record)
     R = 24
     for greedy in (True, False):
         a = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy)
@@ -230,3 +238,5 @@ def test_attending_to_the_filled_prefix_changes_nothing(monkeypatch):
     P = max(len(p) for p in PROMPTS)
     filled = caches[-1].layers[0].n_filled
     assert P < filled < P + R
+    # attention saw the prefill's P keys, then one more per decode step (not P + R each time)
+    assert seen[:3] == [P, P + 1, P + 2]
