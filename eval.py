@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from lopti_minimal.cli import HelpFormatter
+
 
 def one_line_error(message: str):
     print(f"error: {message}", file=sys.stderr)
@@ -40,7 +42,7 @@ def one_line_error(message: str):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="Greedy / sampled K&K evaluation.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=HelpFormatter)
     ap.add_argument("--model", required=True, help="run directory, HF folder, hub id or .gguf file")
     ap.add_argument("--data", nargs="+", help="K&K JSON Lines files (default: the official 3..7-person sets)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[3, 4, 5, 6, 7], help="official sets to use")

@@ -45,15 +45,7 @@ import argparse
 import os
 import sys
 
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show "(default: X)" only where argparse holds the default; options left at None
-    take the preset's value, which their help text names."""
-
-    def _get_help_string(self, action):
-        if action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
+from lopti_minimal.cli import HelpFormatter
 
 
 def parse_rl_sizes(text: str) -> tuple[int, ...]:

@@ -106,6 +106,7 @@ import torch
 from tqdm import tqdm
 
 from . import trainer
+from .cli import HelpFormatter
 from .trainer import ROOT, TrainError
 
 DEFAULT_OUT = "runs/study"
@@ -1114,7 +1115,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         prog="python -m lopti_minimal.study",
         description="GRPO / AR / Lopti / AR+Lopti from one warm start, equal budgets, several seeds; "
-                    "writes docs/RESULTS.md.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "writes docs/RESULTS.md.", formatter_class=HelpFormatter)
     ap.add_argument("--grid", nargs="+", default=["main"], help=f"grids: {', '.join(GRIDS)}, all")
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of the main grid")
     ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds 0..N-1 of the sweeps")

@@ -83,3 +83,18 @@ def test_existing_run_dir_is_not_overwritten(tmp_path, capsys, nano_dir):
     assert train_cli.main(["--preset", "ci", "--model", nano_dir, "--run-dir", str(run), "--no-progress"]) == 2
     assert "exists" in capsys.readouterr().err
     assert sorted(os.listdir(run)) == ["keep.txt"]
+
+
+def test_help_shows_only_real_defaults(capsys):
+    """Options that a preset (or the model) fills are None in argparse: their help must not
+    print "(default: None)", while real defaults are still shown."""
+    import eval as eval_cli
+    from lopti_minimal import study
+    for parse, real in ((train_cli.parse_args, "(default: cpu-tiny)"),
+                        (eval_cli.parse_args, "(default: 100)"),
+                        (study.parse_args, "(default: 5)")):
+        with pytest.raises(SystemExit):
+            parse(["--help"])
+        text = " ".join(capsys.readouterr().out.split())      # argparse wraps lines
+        assert "(default: None)" not in text and "(default: False)" not in text
+        assert real in text
