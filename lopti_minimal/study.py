@@ -18,8 +18,9 @@ reason:
    deterministic name, OUT/<preset>/<variant>-s<seed>. A run whose eval_final.json exists
    is finished and skipped; a run with a run.json but no final evaluation is resumed from
    its latest checkpoint (the trainer's exact resume); anything else starts fresh. An
-   interrupted study (Ctrl-C, a reboot, a crash) therefore loses at most the steps since
-   the last checkpoint of the runs that were in flight. Before a run is skipped or
+   interrupted study (Ctrl-C, kill, a reboot, a crash) therefore loses at most the steps
+   since the last checkpoint of the runs that were in flight; on Ctrl-C or kill (SIGTERM)
+   the queued runs are dropped, not started, and the invocation is still logged. Before a run is skipped or
    resumed its saved config is compared with the one the command line asks for, field by
    field; a mismatch (say, --steps changed) is an error, never a silent mix of budgets.
    A failing run is logged (RUN_DIR/study_error.txt) and the study goes on with the others.
@@ -94,6 +95,7 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -510,13 +512,20 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
             with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
                 futs = [pool.submit(_execute_in_worker, trainer.config_to_json(cfg), status, train_fn)
                         for _, cfg, status in todo]
-                for f in as_completed(futs):
-                    r = f.result()
-                    results.append(r)
-                    if not r["ok"]:
-                        echo(f"[study] FAILED {r['run_dir']}: {r['error']}")
-                    bar.set_postfix_str(Path(r["run_dir"]).name)
-                    bar.update(1)
+                try:
+                    for f in as_completed(futs):
+                        r = f.result()
+                        results.append(r)
+                        if not r["ok"]:
+                            echo(f"[study] FAILED {r['run_dir']}: {r['error']}")
+                        bar.set_postfix_str(Path(r["run_dir"]).name)
+                        bar.update(1)
+                except KeyboardInterrupt:
+                    # Leaving the `with` would run every queued run first: drop the ones not
+                    # started. Runs in flight stop with the interrupt when it reaches their
+                    # process too (Ctrl-C in a terminal does) and resume next time.
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
     finally:
         bar.close()
         wall = time.perf_counter() - t0
@@ -1150,6 +1159,10 @@ def _abs(p: str) -> Path:
     return Path(p) if os.path.isabs(p) else ROOT / p
 
 
+def _interrupt_on_sigterm(signum, frame):
+    raise KeyboardInterrupt     # a `kill` stops the study like Ctrl-C: invocation logged, nothing queued starts
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
@@ -1221,4 +1234,5 @@ def _dry_run(specs, out, overrides, a) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     sys.exit(main())

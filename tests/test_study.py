@@ -388,3 +388,25 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     assert [(e["ran"], e["skipped"]) for e in log] == [(2, 0), (0, 2)]
 
 
+
+
+def test_interrupt_in_parallel_drops_the_queued_runs(tmp_path, fake_model):
+    """Ctrl-C (or, on the command line, a SIGTERM) during a parallel study must not start the
+    runs still queued -- leaving the process pool would otherwise run all of them first --
+    and the invocation is still logged."""
+    out = tmp_path / "study"
+    (out / "ci").mkdir(parents=True)
+    (out / "ci" / "INTERRUPT").write_text("")          # every fake run raises KeyboardInterrupt
+    specs = S.plan_runs(["main"], 5, 0, "ci")          # 20 runs
+    with pytest.raises(KeyboardInterrupt):
+        S.run_study(specs, out, {"model": fake_model}, train_fn=fake_train, jobs=2, threads=1,
+                    progress=False, echo=lambda s: None)
+    started = [p for p in (out / "ci").iterdir() if (p / "calls.txt").exists()]
+    assert 1 <= len(started) <= 8            # 2 in flight + the pool's few queued calls, not 20
+    assert json.loads((out / "study_log.jsonl").read_text())["ran"] == 0
+
+
+def test_sigterm_stops_the_study_command_like_ctrl_c(tmp_path):
+    import signal
+    with pytest.raises(KeyboardInterrupt):
+        S._interrupt_on_sigterm(signal.SIGTERM, None)
