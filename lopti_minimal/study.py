@@ -687,7 +687,12 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
             vs = {str(n): paired_diff({r["seed"]: r["accuracy"][n] for r in vr},
                                       {s: b["accuracy"][n] for s, b in base.items()}) for n in sizes}
             vs["avg"] = paired_diff({r["seed"]: r["avg"] for r in vr}, {s: b["avg"] for s, b in base.items()})
+        fmt = {"mean": mean_ci([r["format_error"] for r in vr]), "vs_grpo": None}
+        if vs is not None:
+            fmt["vs_grpo"] = paired_diff({r["seed"]: r["format_error"] for r in vr},
+                                         {s: b["format_error"] for s, b in base.items()})
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
+                        "format_error": fmt,
                         "curves": {k: curve_stats(vr, k, window) for k in ("reward", "accuracy")} if vr else None}
     return {"seeds": seeds, "rows": rows}
 
@@ -740,7 +745,9 @@ def aggregate(out, window: int = 5) -> dict:
         if wpath.exists():
             wev = json.loads(wpath.read_text())
             wacc = {str(n): float(v["accuracy"]) for n, v in wev["per_size"].items() if int(n) in sizes}
-            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model")}
+            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model"),
+                    "format_error": float(np.mean([v.get("format_error", 0.0) for n, v in wev["per_size"].items()
+                                                   if int(n) in sizes]))}
         P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
         res["presets"][preset] = {
             "model": ref_cfg["model"], "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
@@ -902,6 +909,19 @@ def _diff_table(table: dict, sizes: list[int]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def _format_table(table: dict, warm: dict | None) -> list[str]:
+    """Format errors (responses without a well-formed answer block), mean over the sizes
+    of each run's final evaluation: what RL changes first in a small model."""
+    lines = ["| method | format errors, mean over sizes | Δ vs GRPO [paired 95% CI] |", "|---|---|---|"]
+    if warm and "format_error" in warm:
+        lines.append(f"| warm start (no RL) | {warm['format_error']:.3f} | |")
+    for row in table["rows"].values():
+        f = row.get("format_error")
+        if f:
+            lines.append(f"| {row['label']} | {_cell(f['mean'])} | {_diff_cell(f['vs_grpo'])} |")
+    return lines
+
+
 def _beside_paper(table: dict) -> list[str]:
     lines = ["| method | ours: avg | ours: relative to GRPO | paper 3B: avg | paper 3B: relative | "
              "paper 7B: avg | paper 7B: relative |", "|---|---|---|---|---|---|---|"]
@@ -1007,6 +1027,8 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                 L += ["Against GRPO, on the average over sizes:", ""] + [statement(r) for r in comp] + [""]
                 s = summary(comp)
                 L += [s, ""] if s else []
+                L += ["Format errors (share of greedy responses without a well-formed answer block; the "
+                      "others are right or wrong answers), same seeds:", ""] + _format_table(table, pr.get("warm_start")) + [""]
                 L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
                 L += _beside_paper(table) + [""]
             if plots:

@@ -30,7 +30,7 @@ def fake_model(tmp_path):
     return str(d)
 
 
-def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0):
+def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0):
     """What trainer.train leaves behind, reduced to what study.py reads."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
@@ -39,20 +39,22 @@ def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
                                 "sample_s": step_s / 2, "update_s": step_s / 4}) + "\n")
     (run_dir / "eval_final.json").write_text(json.dumps(
-        {"per_size": {str(n): {"accuracy": a, "format_error": 0.0} for n, a in acc.items()}, "seconds": 2.0}))
+        {"per_size": {str(n): {"accuracy": a, "format_error": fmt} for n, a in acc.items()}, "seconds": 2.0}))
 
 
 def synthetic_study(out: Path, model: str) -> Path:
     """Runs with known numbers (accuracy on sizes 3 and 4, equal per size, so avg = the value):
     GRPO .2 .3 .4 (seeds 0-2); AR .3 .35 .5 .9 (seeds 0-3); Lopti .3 .3 .3 (seeds 0-2);
-    plus a GRPO seed 3 with another step count, which must be left out."""
+    plus a GRPO seed 3 with another step count, which must be left out. Format errors:
+    GRPO .1 .2 .3, Lopti 0 .1 .2 (always .1 fewer), AR none."""
     table = {S.GRPO: [.2, .3, .4], S.Variant("ar", alpha=0.2): [.3, .35, .5, .9],
              S.Variant("lopti", eta=0.4): [.3, .3, .3]}
+    fmt = {S.GRPO: [.1, .2, .3], S.Variant("lopti", eta=0.4): [0, .1, .2]}
     for v, accs in table.items():
         for seed, a in enumerate(accs):
             spec = S.RunSpec("ci", v, seed, "main")
             cfg = S.run_config(spec, out, {"model": model, "steps": 3})
-            write_finished(spec.run_dir(out), cfg, {3: a, 4: a})
+            write_finished(spec.run_dir(out), cfg, {3: a, 4: a}, fmt=fmt.get(v, [0.0] * 4)[seed])
     spec = S.RunSpec("ci", S.GRPO, 3, "main")
     write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": model, "steps": 5}), {3: .9, 4: .9})
     # An unfinished run (no eval_final.json) is listed, not aggregated.
@@ -291,6 +293,11 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     assert lo["accuracy"]["avg"]["half"] == pytest.approx(0.0, abs=1e-12)
     assert lo["vs_grpo"]["avg"]["half"] == pytest.approx(0.248434, abs=1e-6)
     assert lo["vs_grpo"]["avg"]["excludes_zero"] is False
+    # Format errors, paired like accuracy: Lopti has .1 fewer on every seed.
+    assert g["format_error"]["mean"]["mean"] == pytest.approx(0.2) and g["format_error"]["vs_grpo"] is None
+    f = lo["format_error"]["vs_grpo"]
+    assert f["mean"] == pytest.approx(-0.1) and f["half"] == pytest.approx(0.0, abs=1e-12) and f["excludes_zero"]
+    assert ar["format_error"]["vs_grpo"]["excludes_zero"] is False       # -.1 -.2 -.3
     # Curves: moving average (window 2) of rewards 0, .5, 1 is 0, .25, .75 for every seed.
     c = g["curves"]["reward"]
     assert c["step"] == [1, 2, 3] and c["mean"] == pytest.approx([0, .25, .75]) and c["lo"] == c["mean"]
@@ -314,6 +321,8 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     assert "| GRPO+AR (α=0.2) | 0.383 ± " in text and "| 0.53 | +35.9% | 0.89 | +15.6% |" in text
     assert "**24 sampled responses**" in text and "steps" in text.split("Left out")[1]
     assert "| GRPO+AR (α=0.2) | 4 | 1 | 24 | 1.0 | 0.5 | 0.2 | 2 |" in text      # cost table, all 4 runs
+    assert "| GRPO | 0.200 ± 0.248 | – |" in text                                 # format errors
+    assert "| GRPO+Lopti (η=0.4) | 0.100 ± 0.248 | -0.100 [-0.100, -0.100] * |" in text
     assert "![learning curves, main](figures/study-ci-main-curves.png)" in text
     assert (figs / "study-ci-main-curves.png").stat().st_size > 1000
     assert (figs / "study-ci-main-sizes.png").exists()
