@@ -20,9 +20,10 @@ reason:
    its latest checkpoint (the trainer's exact resume); anything else starts fresh. An
    interrupted study (Ctrl-C, kill, a reboot, a crash) therefore loses at most the steps
    since the last checkpoint of the runs that were in flight; on Ctrl-C or kill (SIGTERM)
-   the queued runs are dropped, not started, and the invocation is still logged. Before a run is skipped or
-   resumed its saved config is compared with the one the command line asks for, field by
-   field; a mismatch (say, --steps changed) is an error, never a silent mix of budgets.
+   the queued runs are dropped, not started, and the invocation is still logged. Before
+   a run is skipped or resumed its saved config is compared with the one the command
+   line asks for, field by field; a mismatch (say, --steps changed) is an error, never a
+   silent mix of budgets.
    A failing run is logged (RUN_DIR/study_error.txt) and the study goes on with the others.
 
 2. Same warm start, same seeds. Every run of a preset starts from cfg.model, and
@@ -1027,8 +1028,10 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                 L += ["Against GRPO, on the average over sizes:", ""] + [statement(r) for r in comp] + [""]
                 s = summary(comp)
                 L += [s, ""] if s else []
-                L += ["Format errors (share of greedy responses without a well-formed answer block; the "
-                      "others are right or wrong answers), same seeds:", ""] + _format_table(table, pr.get("warm_start")) + [""]
+            L += ["Format errors (share of greedy responses without a well-formed answer block; the "
+                  "others are right or wrong answers), same seeds:", ""]
+            L += _format_table(table, pr.get("warm_start") if grid == "main" else None) + [""]
+            if grid == "main":
                 L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
                 L += _beside_paper(table) + [""]
             if plots:
