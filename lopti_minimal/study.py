@@ -631,6 +631,8 @@ def read_run(run_dir) -> dict:
             "seed": int(cfg["seed"]), "config": cfg, "setting": setting_key(cfg),
             "accuracy": acc, "avg": float(np.mean(list(acc.values()))),
             "format_error": float(np.mean([v.get("format_error", 0.0) for v in ev["per_size"].values()])),
+            "truncated": float(np.mean([v.get("truncated", 0.0) for v in ev["per_size"].values()])),
+            "tokens": float(np.mean([v.get("mean_tokens", 0.0) for v in ev["per_size"].values()])),
             "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall)}
 
 
@@ -688,10 +690,12 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
             vs = {str(n): paired_diff({r["seed"]: r["accuracy"][n] for r in vr},
                                       {s: b["accuracy"][n] for s, b in base.items()}) for n in sizes}
             vs["avg"] = paired_diff({r["seed"]: r["avg"] for r in vr}, {s: b["avg"] for s, b in base.items()})
-        fmt = {"mean": mean_ci([r["format_error"] for r in vr]), "vs_grpo": None}
+        fmt = {"mean": mean_ci([r["format_error"] for r in vr]), "vs_grpo": None,
+               "truncated": mean_ci([r["truncated"] for r in vr]),
+               "tokens": mean_ci([r["tokens"] for r in vr]), "tokens_vs_grpo": None}
         if vs is not None:
-            fmt["vs_grpo"] = paired_diff({r["seed"]: r["format_error"] for r in vr},
-                                         {s: b["format_error"] for s, b in base.items()})
+            for k, key in (("vs_grpo", "format_error"), ("tokens_vs_grpo", "tokens")):
+                fmt[k] = paired_diff({r["seed"]: r[key] for r in vr}, {s: b[key] for s, b in base.items()})
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
                         "format_error": fmt,
                         "curves": {k: curve_stats(vr, k, window) for k in ("reward", "accuracy")} if vr else None}
@@ -746,9 +750,11 @@ def aggregate(out, window: int = 5) -> dict:
         if wpath.exists():
             wev = json.loads(wpath.read_text())
             wacc = {str(n): float(v["accuracy"]) for n, v in wev["per_size"].items() if int(n) in sizes}
+            wmean = lambda k: float(np.mean([v.get(k, 0.0) for n, v in wev["per_size"].items()  # noqa: E731
+                                             if int(n) in sizes]))
             warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model"),
-                    "format_error": float(np.mean([v.get("format_error", 0.0) for n, v in wev["per_size"].items()
-                                                   if int(n) in sizes]))}
+                    "format_error": wmean("format_error"), "truncated": wmean("truncated"),
+                    "tokens": wmean("mean_tokens")}
         P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
         res["presets"][preset] = {
             "model": ref_cfg["model"], "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
@@ -911,15 +917,26 @@ def _diff_table(table: dict, sizes: list[int]) -> list[str]:
 
 
 def _format_table(table: dict, warm: dict | None) -> list[str]:
-    """Format errors (responses without a well-formed answer block), mean over the sizes
-    of each run's final evaluation: what RL changes first in a small model."""
-    lines = ["| method | format errors, mean over sizes | Δ vs GRPO [paired 95% CI] |", "|---|---|---|"]
+    """Format errors (responses without a well-formed answer block), how many of them hit
+    the response budget, and the response length, means over the sizes of each run's
+    final evaluation: what RL changes first in a small model."""
+    lines = ["| method | format errors | Δ vs GRPO [paired 95% CI] | truncated at the budget | "
+             "response tokens | Δ tokens vs GRPO [paired 95% CI] |", "|---|---|---|---|---|---|"]
     if warm and "format_error" in warm:
-        lines.append(f"| warm start (no RL) | {warm['format_error']:.3f} | |")
+        lines.append(f"| warm start (no RL) | {warm['format_error']:.3f} | | {warm['truncated']:.3f} | "
+                     f"{warm['tokens']:.0f} | |")
     for row in table["rows"].values():
         f = row.get("format_error")
         if f:
-            lines.append(f"| {row['label']} | {_cell(f['mean'])} | {_diff_cell(f['vs_grpo'])} |")
+            tok = f["tokens"]
+            tok_cell = "–" if tok["mean"] is None else f"{tok['mean']:.0f}" + (
+                f" ± {tok['half']:.0f}" if tok["half"] is not None else "")
+            dt = f["tokens_vs_grpo"]
+            dt_cell = "–" if not dt or dt["mean"] is None else (
+                f"{dt['mean']:+.0f} (n={dt['n']})" if dt["lo"] is None else
+                f"{dt['mean']:+.0f} [{dt['lo']:+.0f}, {dt['hi']:+.0f}]" + (" *" if dt["excludes_zero"] else ""))
+            lines.append(f"| {row['label']} | {_cell(f['mean'])} | {_diff_cell(f['vs_grpo'])} | "
+                         f"{_cell(f['truncated'])} | {tok_cell} | {dt_cell} |")
     return lines
 
 
@@ -1029,7 +1046,8 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                 s = summary(comp)
                 L += [s, ""] if s else []
             L += ["Format errors (share of greedy responses without a well-formed answer block; the "
-                  "others are right or wrong answers), same seeds:", ""]
+                  "others are right or wrong answers), the share of responses cut at the response budget, "
+                  "and the mean response length in tokens; means over sizes, same seeds:", ""]
             L += _format_table(table, pr.get("warm_start") if grid == "main" else None) + [""]
             if grid == "main":
                 L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]

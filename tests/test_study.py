@@ -39,7 +39,8 @@ def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
                                 "sample_s": step_s / 2, "update_s": step_s / 4}) + "\n")
     (run_dir / "eval_final.json").write_text(json.dumps(
-        {"per_size": {str(n): {"accuracy": a, "format_error": fmt} for n, a in acc.items()}, "seconds": 2.0}))
+        {"per_size": {str(n): {"accuracy": a, "format_error": fmt, "truncated": fmt, "mean_tokens": 100 + 100 * fmt}
+                      for n, a in acc.items()}, "seconds": 2.0}))
 
 
 def synthetic_study(out: Path, model: str) -> Path:
@@ -322,7 +323,7 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     assert "**24 sampled responses**" in text and "steps" in text.split("Left out")[1]
     assert "| GRPO+AR (α=0.2) | 4 | 1 | 24 | 1.0 | 0.5 | 0.2 | 2 |" in text      # cost table, all 4 runs
     assert "| GRPO | 0.200 ± 0.248 | – |" in text                                 # format errors
-    assert "| GRPO+Lopti (η=0.4) | 0.100 ± 0.248 | -0.100 [-0.100, -0.100] * |" in text
+    assert "| GRPO+Lopti (η=0.4) | 0.100 ± 0.248 | -0.100 [-0.100, -0.100] * | 0.100 ± 0.248 | 110 ± 25 | -10 [-10, -10] * |" in text
     assert "![learning curves, main](figures/study-ci-main-curves.png)" in text
     assert (figs / "study-ci-main-curves.png").stat().st_size > 1000
     assert (figs / "study-ci-main-sizes.png").exists()
