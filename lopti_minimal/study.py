@@ -615,6 +615,12 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def _size_mean(report: dict, key: str, sizes=None) -> float:
+    """Mean over the sizes of an evaluation report (evaluate.py) of one per-size field."""
+    return float(np.mean([v.get(key, 0.0) for n, v in report["per_size"].items()
+                          if sizes is None or int(n) in sizes]))
+
+
 def read_run(run_dir) -> dict:
     """One finished run: its variant, seed, config, per-size final accuracy, curves, times."""
     run_dir = Path(run_dir)
@@ -630,9 +636,8 @@ def read_run(run_dir) -> dict:
     return {"dir": str(run_dir), "preset": cfg.get("preset", "?"), "variant": Variant.from_config(cfg),
             "seed": int(cfg["seed"]), "config": cfg, "setting": setting_key(cfg),
             "accuracy": acc, "avg": float(np.mean(list(acc.values()))),
-            "format_error": float(np.mean([v.get("format_error", 0.0) for v in ev["per_size"].values()])),
-            "truncated": float(np.mean([v.get("truncated", 0.0) for v in ev["per_size"].values()])),
-            "tokens": float(np.mean([v.get("mean_tokens", 0.0) for v in ev["per_size"].values()])),
+            "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
+            "tokens": _size_mean(ev, "mean_tokens"),
             "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall)}
 
 
@@ -750,11 +755,9 @@ def aggregate(out, window: int = 5) -> dict:
         if wpath.exists():
             wev = json.loads(wpath.read_text())
             wacc = {str(n): float(v["accuracy"]) for n, v in wev["per_size"].items() if int(n) in sizes}
-            wmean = lambda k: float(np.mean([v.get(k, 0.0) for n, v in wev["per_size"].items()  # noqa: E731
-                                             if int(n) in sizes]))
             warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model"),
-                    "format_error": wmean("format_error"), "truncated": wmean("truncated"),
-                    "tokens": wmean("mean_tokens")}
+                    "format_error": _size_mean(wev, "format_error", sizes),
+                    "truncated": _size_mean(wev, "truncated", sizes), "tokens": _size_mean(wev, "mean_tokens", sizes)}
         P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
         res["presets"][preset] = {
             "model": ref_cfg["model"], "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
@@ -830,19 +833,19 @@ def _seed_text(seeds) -> str:
     return ", ".join(map(str, seeds)) or "none"
 
 
-def _cell(s: dict) -> str:
+def _cell(s: dict, digits: int = 3) -> str:
     if s["mean"] is None:
         return "–"
-    return f"{s['mean']:.3f}" + (f" ± {s['half']:.3f}" if s["half"] is not None else "")
+    return f"{s['mean']:.{digits}f}" + (f" ± {s['half']:.{digits}f}" if s["half"] is not None else "")
 
 
-def _diff_cell(d: dict | None) -> str:
+def _diff_cell(d: dict | None, digits: int = 3) -> str:
     if not d or d["mean"] is None:
         return "–"
     if d["lo"] is None:
-        return f"{d['mean']:+.3f} (n={d['n']})"
+        return f"{d['mean']:+.{digits}f} (n={d['n']})"
     star = " *" if d["excludes_zero"] else ""
-    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]{star}"
+    return f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]{star}"
 
 
 def _rel_cell(d: dict | None) -> str:
@@ -928,15 +931,9 @@ def _format_table(table: dict, warm: dict | None) -> list[str]:
     for row in table["rows"].values():
         f = row.get("format_error")
         if f:
-            tok = f["tokens"]
-            tok_cell = "–" if tok["mean"] is None else f"{tok['mean']:.0f}" + (
-                f" ± {tok['half']:.0f}" if tok["half"] is not None else "")
-            dt = f["tokens_vs_grpo"]
-            dt_cell = "–" if not dt or dt["mean"] is None else (
-                f"{dt['mean']:+.0f} (n={dt['n']})" if dt["lo"] is None else
-                f"{dt['mean']:+.0f} [{dt['lo']:+.0f}, {dt['hi']:+.0f}]" + (" *" if dt["excludes_zero"] else ""))
             lines.append(f"| {row['label']} | {_cell(f['mean'])} | {_diff_cell(f['vs_grpo'])} | "
-                         f"{_cell(f['truncated'])} | {tok_cell} | {dt_cell} |")
+                         f"{_cell(f['truncated'])} | {_cell(f['tokens'], 0)} | "
+                         f"{_diff_cell(f['tokens_vs_grpo'], 0)} |")
     return lines
 
 

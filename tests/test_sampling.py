@@ -218,10 +218,14 @@ def test_attending_to_the_filled_prefix_changes_nothing(monkeypatch):
     def attend_and_record(cache):
         active = attend(cache)
         caches.append(cache)
-        layer, update = cache.layers[0], cache.layers[0].update
-        # record how many key positions attention is handed at each call
-        layer.update = lambda k, v, *a, **kw: (lambda kv: (seen.append(kv[0].shape[-2]), kv)[1])(
-            update(k, v, *a, **kw))
+        layer = cache.layers[0]
+        update = layer.update
+
+        def update_and_record(k, v, *a, **kw):     # how many key positions attention is handed
+            keys, values = update(k, v, *a, **kw)
+            seen.append(keys.shape[-2])
+            return keys, values
+        layer.update = update_and_record
         return active
     monkeypatch.setattr(S, "_attend_to_filled_prefix", attend_and_record)
     R = 24
