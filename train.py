@@ -15,8 +15,8 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
    a 3.4M-parameter Llama trained from scratch (supervised) to write compact derivations.
    RL needs a policy that is sometimes right -- a group whose G rewards are equal has
    advantage 0 and teaches nothing -- so RL starts from a warm start, as the paper starts
-   from an instruct model. --rebuild-warmstart re-creates it (a 75-minute training budget, --warmstart-minutes;
-   the shipped one was trained for 65 minutes on 1 thread, see README).
+   from an instruct model. --rebuild-warmstart re-creates it (the README's one-command recipe: a 95-minute training
+   budget, --warmstart-minutes; it matched the shipped checkpoint's accuracy, see README).
    --model takes any causal LM instead: a folder, a hub id or a .gguf file.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step samples G responses for each of a few prompts, scores them with the Logic-RL
@@ -92,7 +92,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     ap.add_argument("--rebuild-warmstart", action="store_true",
                     help="re-create checkpoints/tiny-warm by supervised warm start first")
-    ap.add_argument("--warmstart-minutes", type=float, default=75.0, help="budget of --rebuild-warmstart")
+    ap.add_argument("--warmstart-minutes", type=float, default=95.0, help="budget of --rebuild-warmstart")
     ap.error = one_line_error
     return ap.parse_args(argv)
 
@@ -130,7 +130,7 @@ def ensure_model(cfg, a) -> None:
         warm_start(WarmStartConfig(out=path, minutes=a.warmstart_minutes, threads=a.threads or os.cpu_count(),
                                    progress=not a.no_progress), log=lambda s: print(s, flush=True))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):
-        raise TrainError(f"{default} not found: run with --rebuild-warmstart (a 75-minute training budget) "
+        raise TrainError(f"{default} not found: run with --rebuild-warmstart (a 95-minute training budget) "
                          "or pass --model PATH")
 
 

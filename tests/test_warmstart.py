@@ -158,3 +158,28 @@ def test_shipped_checkpoint_answers_in_format():
     res = warmstart.evaluate(model, tok, recs, 450)[3]
     assert res["format"] == 1.0, res
     assert res["accuracy"] >= 0.2, res
+
+
+def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
+    """scripts/teacher_forced_errors.py (quoted in the README): every response token gets
+    exactly one kind of line, the derivation's kinds are all present, and the counts of
+    wrong tokens are bounded by the token counts."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "teacher_forced_errors", os.path.join(ROOT, "scripts", "teacher_forced_errors.py"))
+    tfe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tfe)
+    assert tfe.line_kind("  Amelia: not Evelyn (at Evelyn)") == "claim"
+    assert tfe.line_kind("try Amelia=T Penelope=F") == "try"
+    assert tfe.line_kind("  Amelia=T: not Evelyn=F = T ok") == "check"
+    assert tfe.line_kind("  Evelyn=F: Penelope=T iff not Penelope=T = T bad") == "check"
+    assert tfe.line_kind("found Amelia=T") == "found"
+    assert tfe.line_kind("<answer> (1) Amelia is a knight") == "other"
+    model, tok = tiny_warm
+    recs = kk.load_official([3])[:2]
+    tokens, wrong, nll, first = tfe.errors_for(model, tok, recs)
+    encoded = [encode_example(tok, warmstart.default_prompt(r), warmstart.default_response(r)) for r in recs]
+    n_response = sum(len(ids) - n_prompt for ids, n_prompt in encoded)
+    assert sum(tokens.values()) == n_response
+    assert {"claim", "try", "check", "found", "other"} <= set(tokens)
+    assert all(0 <= wrong[k] <= tokens[k] for k in tokens) and sum(first.values()) <= len(recs)

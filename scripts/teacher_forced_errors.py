@@ -1,0 +1,102 @@
+"""Where does the warm start go wrong?  Teacher-forced token errors per kind of line.
+
+    python scripts/teacher_forced_errors.py                      # shipped checkpoint, 40 + 40 puzzles
+    python scripts/teacher_forced_errors.py --model DIR --sizes 3 4 5 --count 20
+
+The model reads prompt + target response (the compact derivation of explain.py, then the
+answer) in one forward pass; at every response position we compare its argmax with the
+target token.  Each target token is attributed to the kind of line it sits on:
+
+    claim   "  Amelia: not Evelyn (at Evelyn)"               restating the quiz
+    try     "try Amelia=T Penelope=F"                        the search
+    check   "  Amelia=T: not Evelyn=F = T ok"                testing a claim
+    found   "found ..."                                      the solution line
+    other   blank lines, tags, the answer block
+
+Printed per size: tokens, wrong tokens and mean negative log-likelihood per kind, and in
+how many puzzles the *first* wrong token lies on each kind (where greedy decoding would
+first leave the target).  README, section Models, quotes this for the shipped checkpoint.
+"""
+import argparse
+import collections
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lopti_minimal import kk, warmstart  # noqa: E402
+from lopti_minimal.models import load_model_and_tokenizer  # noqa: E402
+
+
+def line_kind(line: str) -> str:
+    if line.startswith("try"):
+        return "try"
+    if line.startswith("found"):
+        return "found"
+    if line.endswith(")") and "(at " in line:
+        return "claim"
+    if line.endswith((" ok", " bad")):
+        return "check"
+    return "other"
+
+
+def token_kinds(tokenizer, response_ids: list[int]) -> list[str]:
+    """The kind of line of each response token (a newline token belongs to the line it ends)."""
+    lines = tokenizer.decode(response_ids).split("\n")
+    kinds, line_no = [], 0
+    for i in range(len(response_ids)):
+        kinds.append(line_kind(lines[min(line_no, len(lines) - 1)]))
+        line_no = tokenizer.decode(response_ids[:i + 1]).count("\n")
+    return kinds
+
+
+@torch.no_grad()
+def errors_for(model, tokenizer, records: list[dict]):
+    tokens, wrong, nll, first = (collections.Counter() for _ in range(4))
+    for r in records:
+        ids, n_prompt = warmstart.encode_example(tokenizer, warmstart.default_prompt(r),
+                                                 warmstart.default_response(r))
+        x = torch.tensor([ids])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x).logits.float()[0, :-1]
+        logp = torch.log_softmax(logits, -1)
+        target = x[0, 1:]
+        kinds = token_kinds(tokenizer, ids[n_prompt:])
+        seen_wrong = False
+        for j, kind in enumerate(kinds):          # response token j is target position t
+            t = n_prompt - 1 + j
+            tokens[kind] += 1
+            nll[kind] -= logp[t, target[t]].item()
+            if logits[t].argmax() != target[t]:
+                wrong[kind] += 1
+                if not seen_wrong:
+                    first[kind] += 1
+                    seen_wrong = True
+    return tokens, wrong, nll, first
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="checkpoints/tiny-warm")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[3, 4])
+    ap.add_argument("--count", type=int, default=40, help="official puzzles per size (the first ones)")
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model, tokenizer = load_model_and_tokenizer(a.model, dtype=torch.float32, device="cpu")
+    model.eval()
+    for n in a.sizes:
+        tokens, wrong, nll, first = errors_for(model, tokenizer, kk.load_official([n])[:a.count])
+        print(f"{n} people, {a.count} official puzzles (first wrong token in: "
+              + ", ".join(f"{k} {v}" for k, v in first.items()) + ")")
+        for kind in ("claim", "try", "check", "found", "other"):
+            if tokens[kind]:
+                print(f"  {kind:6s} {tokens[kind]:6d} tokens  {wrong[kind] / tokens[kind]:6.1%} wrong  "
+                      f"nll {nll[kind] / tokens[kind]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
