@@ -42,37 +42,39 @@ def line_kind(line: str) -> str:
 
 
 def token_kinds(tokenizer, response_ids: list[int]) -> list[str]:
-    """The kind of line of each response token (a newline token belongs to the line it ends)."""
+    """The kind of line of each response token (a newline token belongs to the line it ends).
+
+    The vocabulary is byte-level BPE over ASCII K&K text, so each token decodes on its own
+    and its newlines can be counted per token (one pass, not a decode per prefix)."""
     lines = tokenizer.decode(response_ids).split("\n")
     kinds, line_no = [], 0
-    for i in range(len(response_ids)):
+    for tid in response_ids:
         kinds.append(line_kind(lines[min(line_no, len(lines) - 1)]))
-        line_no = tokenizer.decode(response_ids[:i + 1]).count("\n")
+        line_no += tokenizer.decode([tid]).count("\n")
     return kinds
 
 
 @torch.no_grad()
 def errors_for(model, tokenizer, records: list[dict]):
+    """Per kind of line: response tokens, wrong argmax tokens, summed NLL, and the number of
+    puzzles whose first wrong token lies on that kind."""
     tokens, wrong, nll, first = (collections.Counter() for _ in range(4))
     for r in records:
         ids, n_prompt = warmstart.encode_example(tokenizer, warmstart.default_prompt(r),
                                                  warmstart.default_response(r))
         x = torch.tensor([ids])
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(x).logits.float()[0, :-1]
-        logp = torch.log_softmax(logits, -1)
-        target = x[0, 1:]
+            logits = model(x).logits.float()[0, n_prompt - 1:-1]    # predictions of the response
+        target = x[0, n_prompt:]
+        token_nll = -torch.log_softmax(logits, -1).gather(-1, target[:, None])[:, 0]
+        is_wrong = (logits.argmax(-1) != target).tolist()
         kinds = token_kinds(tokenizer, ids[n_prompt:])
-        seen_wrong = False
-        for j, kind in enumerate(kinds):          # response token j is target position t
-            t = n_prompt - 1 + j
+        for kind, bad, loss in zip(kinds, is_wrong, token_nll.tolist()):
             tokens[kind] += 1
-            nll[kind] -= logp[t, target[t]].item()
-            if logits[t].argmax() != target[t]:
-                wrong[kind] += 1
-                if not seen_wrong:
-                    first[kind] += 1
-                    seen_wrong = True
+            nll[kind] += loss
+            wrong[kind] += bad
+        if any(is_wrong):
+            first[kinds[is_wrong.index(True)]] += 1
     return tokens, wrong, nll, first
 
 

@@ -98,3 +98,9 @@ def test_help_shows_only_real_defaults(capsys):
         text = " ".join(capsys.readouterr().out.split())      # argparse wraps lines
         assert "(default: None)" not in text and "(default: False)" not in text
         assert real in text
+
+
+def test_rebuild_budget_default_is_the_warm_start_default():
+    """train.py keeps a literal default (no torch import for --help); it must not drift."""
+    from lopti_minimal.warmstart import WarmStartConfig
+    assert train_cli.parse_args([]).warmstart_minutes == WarmStartConfig.minutes
