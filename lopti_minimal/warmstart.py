@@ -11,7 +11,12 @@ What makes this fast on a 2-core CPU (measured by a prototype, issue 3):
 - bf16 autocast on CPU: about 2x the float32 speed; the master weights stay float32.
 - as many torch threads as free cores (oversubscription was 8x slower).
 - a curriculum from small to large puzzles: the short ones teach the format in minutes.
-- batches of one puzzle size at a time with a fixed token budget, so little padding.
+- batches of one puzzle size at a time with a fixed token budget, and within a size
+  length-bucketed (puzzles of similar length together): padding fell from ~35% to ~10% of
+  the positions (benchmarks/warmstart_step.py measures it).
+- no attention mask in the training forward: the padding is on the right and attention is
+  causal, so no real token ever attends to a pad; the mask only forced a slower attention
+  kernel (same loss, tests/test_warmstart.py).
 - cosine learning-rate decay to a small floor, over the wall-clock budget (--minutes) or
   a fixed number of steps (--steps, reproducible).
 
@@ -55,6 +60,9 @@ class WarmStartConfig:
     warmup_steps: int = 50
     weight_decay: float = 0.05
     tokens_per_batch: int = 4096     # prompt + response tokens per optimizer step
+    # Length bucketing: draw this many batches of one size at once, sort the puzzles by
+    # length and cut them into batches of neighbours, used in random order (1: no bucketing).
+    bucket_batches: int = 16
     # Curriculum: (progress, {size: weight}); the last stage whose start <= progress applies.
     curriculum: tuple = ((0.0, {2: 1, 3: 2}), (0.08, {2: 1, 3: 3, 4: 2}),
                          (0.25, {3: 3, 4: 3, 5: 2}), (0.5, {3: 2, 4: 3, 5: 3}))
@@ -178,14 +186,33 @@ def collate(examples: list[tuple[list[int], int]], pad_id: int, multiple: int = 
     return input_ids, attn, loss_mask
 
 
-def response_loss(model, input_ids, attn, loss_mask, bf16: bool = True) -> torch.Tensor:
-    """Mean next-token cross-entropy over the response tokens (prompt and padding masked)."""
+def response_loss(model, input_ids, loss_mask, bf16: bool = True) -> torch.Tensor:
+    """Mean next-token cross-entropy over the response tokens (prompt and padding masked).
+
+    Needs no attention mask, for right-padded batches only (collate): with causal attention
+    position t sees positions <= t, which are all real tokens wherever t is one; the pads'
+    own predictions are masked out of the loss.  Without a mask SDPA takes its fused causal
+    kernel, ~15-25% faster per step on a CPU than with the explicit mask (measured by
+    benchmarks/warmstart_step.py)."""
     device_type = input_ids.device.type
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]
+        logits = model(input_ids=input_ids).logits[:, :-1]
     nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                           input_ids[:, 1:].reshape(-1), reduction="none").view_as(loss_mask)
     return (nll * loss_mask).sum() / loss_mask.sum()
+
+
+def bucketed_batches(examples: list, batch_size: int, rng: random.Random) -> list[list]:
+    """Cut ``examples`` into batches of ``batch_size`` neighbours in length, in random order.
+
+    A batch is padded to its longest row, so random batches of one puzzle size waste about
+    a third of their positions on padding (the explanation's length varies with the search);
+    sorted neighbours waste little.  The order of the batches is shuffled, so the model
+    does not see short puzzles first and long ones last."""
+    ordered = sorted(examples, key=lambda e: len(e[0]))
+    batches = [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+    rng.shuffle(batches)
+    return batches
 
 
 # ---------------------------------------------------------------------------------------
@@ -279,6 +306,8 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     from .models import count_parameters, make_tiny_model
     from .tokenizer import build_kk_tokenizer
 
+    if cfg.bucket_batches < 1:
+        raise ValueError(f"bucket_batches must be >= 1, got {cfg.bucket_batches}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -298,6 +327,7 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
     batch_size: dict[int, int] = {}     # per puzzle size, fixed (recurring shapes, see collate)
+    queued: dict[int, list] = {}        # per puzzle size, length-bucketed batches still to train on
     history: list[dict] = []
     best = -1.0
     budget_s = cfg.minutes * 60
@@ -356,10 +386,12 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
             sample = [stream.next(n) for _ in range(32)]
             mean = sum(len(encode_example(tokenizer, default_prompt(r), response_fn(r))[0]) for r in sample) / 32
             batch_size[n] = max(1, round(cfg.tokens_per_batch / mean))
-        recs = [stream.next(n) for _ in range(batch_size[n])]
-        examples = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in recs]
-        ids, attn, mask = collate(examples, tokenizer.pad_token_id)
-        loss = response_loss(model, ids, attn, mask, cfg.bf16)
+        if not queued.get(n):
+            recs = [stream.next(n) for _ in range(batch_size[n] * cfg.bucket_batches)]
+            examples = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in recs]
+            queued[n] = bucketed_batches(examples, batch_size[n], rng)
+        ids, _, mask = collate(queued[n].pop(), tokenizer.pad_token_id)
+        loss = response_loss(model, ids, mask, cfg.bf16)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -395,6 +427,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=WarmStartConfig.lr)
     ap.add_argument("--tokens-per-batch", type=int, default=WarmStartConfig.tokens_per_batch)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--bucket-batches", type=int, default=WarmStartConfig.bucket_batches,
+                    help="batches drawn at once and length-bucketed (1: random batches, as before)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every-minutes", type=float, default=WarmStartConfig.eval_every_minutes)
     ap.add_argument("--no-bf16", action="store_true", help="train in float32 (about 2x slower on CPU)")
@@ -411,6 +445,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     cfg = WarmStartConfig(preset=a.preset, minutes=a.minutes, steps=a.steps, out=a.out, lr=a.lr,
                           tokens_per_batch=a.tokens_per_batch, threads=a.threads or os.cpu_count(),
+                          bucket_batches=a.bucket_batches,
                           seed=a.seed, eval_every_minutes=a.eval_every_minutes, bf16=not a.no_bf16,
                           eval_per_size=a.eval_per_size, heldout_per_size=a.heldout_per_size,
                           final_eval_per_size=a.final_eval_per_size, progress=not a.no_progress)

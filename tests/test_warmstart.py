@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lopti_minimal import kk, prompts, warmstart
 from lopti_minimal.models import count_parameters, kk_prompt, load_model_and_tokenizer, make_tiny_model
-from lopti_minimal.warmstart import (WarmStartConfig, collate, encode_example, lr_at,
-                                     response_loss, size_weights)
+from lopti_minimal.warmstart import (WarmStartConfig, bucketed_batches, collate, encode_example,
+                                     lr_at, response_loss, size_weights)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "checkpoints", "tiny-warm")
@@ -56,8 +56,10 @@ def test_response_loss_is_mean_nll_of_response_tokens_only(kk_tokenizer):
     model = make_tiny_model("nano", len(tok), tokenizer=tok, seed=0)
     ex = [_example(tok, 3, 0)[1], _example(tok, 3, 1)[1]]
     ids, attn, mask = collate(ex, tok.pad_token_id)
-    ours = response_loss(model, ids, attn, mask, bf16=False)
-    # Reference: transformers' own loss with -100 on the prompt and the padding.
+    assert (attn == 0).any()   # rows of different lengths: the shorter one is padded
+    ours = response_loss(model, ids, mask, bf16=False)
+    # Reference: transformers' own loss with -100 on the prompt and the padding, and the
+    # padding mask passed (ours passes none: right padding + causal attention).
     labels = ids.clone()
     for b, (seq, n_prompt) in enumerate(ex):
         labels[b, :n_prompt] = -100
@@ -66,6 +68,27 @@ def test_response_loss_is_mean_nll_of_response_tokens_only(kk_tokenizer):
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
     # Changing a prompt token changes the context, never which tokens are scored.
     assert mask.sum() == (labels[:, 1:] != -100).sum()
+
+
+def test_bucketed_batches_keep_every_example_once_and_cut_padding(kk_tokenizer):
+    import random
+    tok = kk_tokenizer
+    recs = kk.generate_records(4, 48, seed=7)
+    ex = [encode_example(tok, prompts.compact_prompt(r["quiz"]), prompts.target_response(r)) for r in recs]
+    batches = bucketed_batches(ex, 6, random.Random(0))
+    assert [len(b) for b in batches] == [6] * 8
+    assert sorted(e for b in batches for e in b) == sorted(ex)          # each example once
+    # Neighbours in length: sorted by their shortest row, no two batches' ranges interleave.
+    spans = sorted((min(len(e[0]) for e in b), max(len(e[0]) for e in b)) for b in batches)
+    assert all(hi <= nxt_lo for (_, hi), (nxt_lo, _) in zip(spans, spans[1:]))
+    # The order of batches is shuffled (not short-to-long), the same for the same seed.
+    assert spans != [(min(len(e[0]) for e in b), max(len(e[0]) for e in b)) for b in batches]
+    assert batches == bucketed_batches(ex, 6, random.Random(0))
+
+    def padded_positions(bs):
+        return sum(collate(b, tok.pad_token_id)[0].numel() for b in bs)
+    drawn = [ex[i:i + 6] for i in range(0, 48, 6)]
+    assert padded_positions(batches) < 0.85 * padded_positions(drawn)
 
 
 def test_schedule_and_curriculum():
