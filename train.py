@@ -16,7 +16,7 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
    RL needs a policy that is sometimes right -- a group whose G rewards are equal has
    advantage 0 and teaches nothing -- so RL starts from a warm start, as the paper starts
    from an instruct model. --rebuild-warmstart re-creates it (the README's one-command recipe: a 95-minute training
-   budget, --warmstart-minutes; it matched the shipped checkpoint's accuracy, see README).
+   budget, --warmstart-minutes; the shipped checkpoint was made by that recipe, see README).
    --model takes any causal LM instead: a folder, a hub id or a .gguf file.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step samples G responses for each of a few prompts, scores them with the Logic-RL

@@ -173,14 +173,29 @@ def test_shipped_checkpoint_is_small_bf16_and_round_trips():
             assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
 
 
-def test_shipped_checkpoint_answers_in_format():
-    """Greedy on 10 official 3-person puzzles: every response has the right format, and
-    some are correct (the full per-size figures are in warmstart.json)."""
+def test_shipped_checkpoint_answers_in_format_and_above_chance():
+    """Greedy on 20 official 3-person puzzles: mostly well formed and right far above chance
+    (0.125); measured 0.85 format and 0.55 accuracy (bf16 rounding may flip a response).
+    The full per-size figures of its final evaluation are in warmstart.json (next test)."""
     model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
-    recs = kk.load_official([3])[:10]
+    recs = kk.load_official([3])[:20]
     res = warmstart.evaluate(model, tok, recs, 450)[3]
-    assert res["format"] == 1.0, res
-    assert res["accuracy"] >= 0.2, res
+    assert res["format"] >= 0.75, res
+    assert res["accuracy"] >= 0.4, res
+
+
+def test_shipped_checkpoint_record_meets_the_accuracy_targets():
+    """warmstart.json of the shipped checkpoint: one run of the default recipe (README), whose
+    final greedy evaluation on 100 official puzzles per size meets issue 3's accuracy
+    targets (0.40 on 3 people, 0.20 on 4)."""
+    info = json.load(open(os.path.join(SHIPPED, "warmstart.json")))
+    cfg, final = info["config"], info["history"][-1]
+    defaults = WarmStartConfig()
+    assert info["config"].get("init") is None                       # from scratch, one command
+    assert (cfg["minutes"], cfg["preset"], cfg["bucket_batches"]) == \
+        (defaults.minutes, defaults.preset, defaults.bucket_batches)
+    assert final["final"] and all(final["official"][str(n)]["n"] == 100 for n in range(3, 8))
+    assert final["official"]["3"]["accuracy"] >= 0.40 and final["official"]["4"]["accuracy"] >= 0.20
 
 
 def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
