@@ -42,13 +42,10 @@ from lopti_minimal.tokenizer import build_kk_tokenizer  # noqa: E402
 
 
 def time_step(model, opt, ids, attn, mask) -> float:
-    """Seconds for one forward + backward + AdamW step (attn=None: no attention mask)."""
+    """Seconds for one training step of the warm start (warmstart.response_loss, backward,
+    AdamW); attn=None: no attention mask, as the warm start runs it."""
     t = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                            ids[:, 1:].reshape(-1), reduction="none").view_as(mask)
-    loss = (nll * mask).sum() / mask.sum()
+    loss = W.response_loss(model, ids, mask, attention_mask=attn)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -82,7 +79,6 @@ def main(argv=None) -> int:
     model = make_tiny_model(a.preset, len(tok), tokenizer=tok, seed=0).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     stream = W.PuzzleStream(seed=0, exclude=set())
-    tokens_per_batch = W.WarmStartConfig.tokens_per_batch
 
     def encode(r):
         return W.encode_example(tok, W.default_prompt(r), W.default_response(r))
@@ -91,8 +87,7 @@ def main(argv=None) -> int:
     print(f"preset {a.preset}, {a.threads} threads, {a.batches} batches per size and way")
     print(f"{'size':>4} {'batch':>5} {'way':<12} {'s/step':>7} {'padding':>8} {'speedup':>8}")
     for n in a.sizes:
-        sample = [encode(stream.next(n)) for _ in range(32)]
-        B = max(1, round(tokens_per_batch / (sum(len(ids) for ids, _ in sample) / 32)))
+        B = W.batch_size_for(stream, n, tok, W.default_response, W.WarmStartConfig.tokens_per_batch)
         pool = [encode(stream.next(n)) for _ in range(B * a.batches)]
         drawn = [pool[i:i + B] for i in range(0, len(pool), B)]
         ways = {"random+mask": (drawn, True), "random": (drawn, False),

@@ -188,20 +188,30 @@ def collate(examples: list[tuple[list[int], int]], pad_id: int, multiple: int = 
     return input_ids, attn, loss_mask
 
 
-def response_loss(model, input_ids, loss_mask, bf16: bool = True) -> torch.Tensor:
+def response_loss(model, input_ids, loss_mask, bf16: bool = True, attention_mask=None) -> torch.Tensor:
     """Mean next-token cross-entropy over the response tokens (prompt and padding masked).
 
-    Needs no attention mask, for right-padded batches only (collate): with causal attention
+    Needs no attention mask (``attention_mask=None``, what the warm start passes; the mask
+    of collate gives the same loss, slower), for right-padded batches only: with causal attention
     position t sees positions <= t, which are all real tokens wherever t is one; the pads'
     own predictions are masked out of the loss.  Without a mask SDPA takes its fused causal
     kernel: a step on 2 CPU threads ran 1.08x / 1.16x / 1.23x as fast as with the
     explicit mask on 3- / 4- / 5-person batches (benchmarks/warmstart_step.py, README)."""
     device_type = input_ids.device.type
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(input_ids=input_ids).logits[:, :-1]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
     nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                           input_ids[:, 1:].reshape(-1), reduction="none").view_as(loss_mask)
     return (nll * loss_mask).sum() / loss_mask.sum()
+
+
+def batch_size_for(stream, n: int, tokenizer, response_fn, tokens_per_batch: int) -> int:
+    """Puzzles per batch of size ``n``: ``tokens_per_batch`` over the mean encoded length of
+    32 puzzles of that size (fixed per size afterwards, so the shapes recur; see collate)."""
+    sample = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in
+              (stream.next(n) for _ in range(32))]
+    mean = sum(len(ids) for ids, _ in sample) / len(sample)
+    return max(1, round(tokens_per_batch / mean))
 
 
 def bucketed_batches(examples: list, batch_size: int, rng: random.Random) -> list[list]:
@@ -384,10 +394,8 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
             g["lr"] = lr_at(p, step, cfg)
         weights = size_weights(p, cfg)
         n = rng.choices(list(weights), weights=list(weights.values()))[0]
-        if n not in batch_size:   # from the mean length of a sample of this size
-            sample = [stream.next(n) for _ in range(32)]
-            mean = sum(len(encode_example(tokenizer, default_prompt(r), response_fn(r))[0]) for r in sample) / 32
-            batch_size[n] = max(1, round(cfg.tokens_per_batch / mean))
+        if n not in batch_size:
+            batch_size[n] = batch_size_for(stream, n, tokenizer, response_fn, cfg.tokens_per_batch)
         if not queued.get(n):
             recs = [stream.next(n) for _ in range(batch_size[n] * cfg.bucket_batches)]
             examples = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in recs]

@@ -58,6 +58,7 @@ def test_response_loss_is_mean_nll_of_response_tokens_only(kk_tokenizer):
     ids, attn, mask = collate(ex, tok.pad_token_id)
     assert (attn == 0).any()   # rows of different lengths: the shorter one is padded
     ours = response_loss(model, ids, mask, bf16=False)
+    torch.testing.assert_close(response_loss(model, ids, mask, bf16=False, attention_mask=attn), ours)
     # Reference: transformers' own loss with -100 on the prompt and the padding, and the
     # padding mask passed (ours passes none: right padding + causal attention).
     labels = ids.clone()
