@@ -6,6 +6,7 @@ real end-to-end mini study on the ci preset (2 methods x 1 seed)."""
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,10 @@ def fake_train(cfg, resume=False, log=None, reward_fn=None):
         crash.unlink()
         raise RuntimeError("boom")
     if (rd.parent / "INTERRUPT").exists():
+        # A real run takes minutes, so the interrupt reaches the study while runs are in
+        # flight. An instant fake would let the workers race through the pool's queue before
+        # the main process cancels it (9 runs started once, under load), a timing artefact.
+        time.sleep(0.5)
         raise KeyboardInterrupt
     a = {"grpo": .3, "ar": .35, "lopti": .3, "ar_lopti": .4}[cfg.method] + 0.01 * cfg.seed
     write_finished(rd, cfg, {3: a})
