@@ -237,7 +237,8 @@ def decidable_at(statements) -> list[list[int]]:
 
 def compact_trace(statements) -> list[tuple]:
     """The compact search as events: ('node', assignment tuple), ('check', speaker,
-    claim value, ok), ('found', assignment).  DFS in speaker order, T before F; a node's
+    claim value, ok), ('found', assignment), or ('guess', all knaves) when the search ends
+    without a solution (unsolvable puzzles only).  DFS in speaker order, T before F; a node's
     checks stop at the first failing one; the search stops at the first full assignment
     whose checks all pass (the unique solution of a valid puzzle)."""
     n = len(statements)
@@ -262,7 +263,13 @@ def compact_trace(statements) -> list[tuple]:
                 return True
         return False
 
-    visit(())
+    if not visit(()):
+        # No assignment passes (an unsolvable puzzle, or -- for the model -- one of its own
+        # wrong checks rejected the solution): the search has run out of candidates.  The
+        # trace still ends in an answer, a fixed guess (everyone a knave), so a model that
+        # has seen this closes its response instead of re-trying nodes it has already
+        # tried (the warm start's only format errors were such loops, README "Models").
+        events.append(("guess", (False,) * n))
     return events
 
 
@@ -299,8 +306,8 @@ def compact_explanation(record: dict | None = None, *, statements=None, names=No
             labels = [f"{names[j]}={_tf(node[j]) if j < len(node) else '?'}" for j in range(n)]
             lines.append(f"  {names[i]}={_tf(node[i])}: {compact_claim(statements[i], labels)}"
                          f" = {_tf(claim)} {'ok' if fine else 'bad'}")
-        else:
-            lines.append("found " + _assignment(event[1], names))
+        else:                                   # "found" (the solution) or "guess"
+            lines.append(f"{event[0]} " + _assignment(event[1], names))
     return "\n".join(lines)
 
 

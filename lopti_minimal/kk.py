@@ -563,6 +563,25 @@ def generate_records(n_people: int, count: int, seed: int = 0, depth: int = 2,
             for k, p in enumerate(problems)]
 
 
+def generate_unsolvable_records(n_people: int, count: int, seed: int = 0, depth: int = 2,
+                                width: int = 2) -> list[dict]:
+    """`count` random puzzles that have *no* consistent assignment (no knight/knave roles
+    make every statement right), drawn with the official sampler and kept only when
+    `count_solutions` is 0.  Not K&K test material: the warm start mixes a few in
+    (WarmStartConfig.unsolvable_share) so that the model sees a search that runs out of
+    candidates and still closes its answer (explain.compact_trace, "guess").  The record's
+    "solution" is that guess -- everyone a knave -- and "solvable" is False."""
+    sampler = KKSampler(seed, n_people, depth, width)
+    out: list[dict] = []
+    while len(out) < count:
+        statements = sampler.sample()
+        if count_solutions(statements) == 0:
+            record = make_record(statements, (False,) * n_people, len(out), seed + len(out))
+            record["solvable"] = False
+            out.append(record)
+    return out
+
+
 def record_statements(record: dict) -> tuple:
     """The statements of a record as tuples (the file stores their Python repr)."""
     s = record["statements"]

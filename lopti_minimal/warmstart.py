@@ -65,6 +65,10 @@ class WarmStartConfig:
     # Length bucketing: draw this many batches of one size at once, sort the puzzles by
     # length and cut them into batches of neighbours, used in random order (1: no bucketing).
     bucket_batches: int = 16
+    # Share of training puzzles drawn *unsolvable* (kk.generate_unsolvable_records): their
+    # trace runs out of candidates and ends in a "guess", which teaches the model to close
+    # its answer when its own wrong check has rejected the solution instead of looping.
+    unsolvable_share: float = 0.0
     # Curriculum: (progress, {size: weight}); the last stage whose start <= progress applies.
     curriculum: tuple = ((0.0, {2: 1, 3: 2}), (0.08, {2: 1, 3: 3, 4: 2}),
                          (0.25, {3: 3, 4: 3, 5: 2}), (0.5, {3: 2, 4: 3, 5: 3}))
@@ -130,12 +134,17 @@ class PuzzleStream:
     (about 180 for 2 people), so a chunk request is capped by what exists.
     """
 
-    def __init__(self, seed: int, exclude: set, chunk: int = 256):
+    def __init__(self, seed: int, exclude: set, chunk: int = 256, unsolvable_share: float = 0.0):
         self.seed, self.exclude, self.chunk = seed, exclude, chunk
         self.buffers: dict[int, list] = {}
         self.calls = 0
+        self.unsolvable_share = unsolvable_share
+        self.unsolvable: dict[int, list] = {}
+        self.coin = random.Random(seed * 31 + 17)     # its own stream: share 0 changes nothing
 
     def next(self, n: int) -> dict:
+        if self.unsolvable_share > 0 and self.coin.random() < self.unsolvable_share:
+            return self._next_unsolvable(n)
         buf = self.buffers.setdefault(n, [])
         if not buf:
             from . import kk
@@ -150,6 +159,14 @@ class PuzzleStream:
                     count //= 2   # small n: fewer distinct puzzles than a chunk
             random.Random(seed).shuffle(recs)
             buf.extend(recs)
+        return buf.pop()
+
+    def _next_unsolvable(self, n: int) -> dict:
+        buf = self.unsolvable.setdefault(n, [])
+        if not buf:
+            from . import kk
+            self.calls += 1
+            buf.extend(kk.generate_unsolvable_records(n, 64, seed=self.seed * 1_000_003 + self.calls * 7919 + n))
         return buf.pop()
 
 
@@ -334,7 +351,10 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     official = kk.load_official()
     heldout = heldout_records(cfg.eval_sizes, cfg.heldout_per_size, exclude=kk.keys_of(official)) \
         if cfg.heldout_per_size > 0 else []
-    stream = PuzzleStream(cfg.seed, exclude=kk.keys_of(official) | kk.keys_of(heldout))
+    if not 0.0 <= cfg.unsolvable_share < 1.0:
+        raise ValueError(f"unsolvable_share must lie in [0, 1), got {cfg.unsolvable_share}")
+    stream = PuzzleStream(cfg.seed, exclude=kk.keys_of(official) | kk.keys_of(heldout),
+                          unsolvable_share=cfg.unsolvable_share)
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
@@ -439,6 +459,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--bucket-batches", type=int, default=WarmStartConfig.bucket_batches,
                     help="batches drawn at once and length-bucketed (1: random batches, as before)")
+    ap.add_argument("--unsolvable-share", type=float, default=WarmStartConfig.unsolvable_share,
+                    help="share of training puzzles drawn unsolvable, whose trace ends in a guess "
+                         "(teaches the model to close its answer when its search runs out)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every-minutes", type=float, default=WarmStartConfig.eval_every_minutes)
     ap.add_argument("--no-bf16", action="store_true", help="train in float32 (about 2x slower on CPU)")
@@ -455,7 +478,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     cfg = WarmStartConfig(preset=a.preset, minutes=a.minutes, steps=a.steps, out=a.out, lr=a.lr,
                           tokens_per_batch=a.tokens_per_batch, threads=a.threads or os.cpu_count(),
-                          bucket_batches=a.bucket_batches,
+                          bucket_batches=a.bucket_batches, unsolvable_share=a.unsolvable_share,
                           seed=a.seed, eval_every_minutes=a.eval_every_minutes, bf16=not a.no_bf16,
                           eval_per_size=a.eval_per_size, heldout_per_size=a.heldout_per_size,
                           final_eval_per_size=a.final_eval_per_size, progress=not a.no_progress)

@@ -273,12 +273,36 @@ def replay_compact(text, stmts, names):
             assert (m[4] == "T") == value
             assert (m[5] == "ok") == (value == role)
             checks.append((i, m[5] == "ok"))
+    if lines[-1].startswith("guess "):       # the search ran out: unsolvable puzzles only
+        assert not close_node() and not any(node), "the search is not exhausted"
+        assert lines[-1] == "guess " + " ".join(f"{nm}=F" for nm in names)
+        assert ref_solutions(stmts) == []
+        return
     assert close_node() and len(node) == n
     m = re.fullmatch(r"found ((?:\w+=[TF] ?)+)", lines[-1])
     assert m
     found = tuple(p.split("=")[1] == "T" for p in m[1].split())
     assert found == node
     assert ref_solutions(stmts) == [found]
+
+
+def test_unsolvable_puzzles_search_every_node_then_guess():
+    """kk.generate_unsolvable_records (warm-start data only): the trace is a full, correct
+    search that finds nothing, then the fixed guess; the answer block says that guess."""
+    from lopti_minimal import prompts
+    for n in (2, 3, 4, 5):
+        records = kk.generate_unsolvable_records(n, 30, seed=n)
+        assert kk.generate_unsolvable_records(n, 30, seed=n) == records        # deterministic
+        for r in records:
+            assert r["solvable"] is False and r["solution"] == [False] * n
+            replay_compact(explain.compact_explanation(r), kk.record_statements(r), r["names"])
+            assert prompts.target_response(r).endswith(
+                "\n</think>\n<answer> " + r["solution_text_format"] + " </answer>")
+    solvable = GENERATED[3][0]
+    with pytest.raises(AssertionError):     # a solvable puzzle's trace cannot end in a guess
+        text = explain.compact_explanation(solvable).rsplit("\n", 1)[0] + "\nguess " + \
+            " ".join(f"{nm}=F" for nm in solvable["names"])
+        replay_compact(text, kk.record_statements(solvable), solvable["names"])
 
 
 def test_compact_example_from_docstring():

@@ -174,3 +174,31 @@ def test_memory_estimate_orders_models():
     small = trainer.memory_estimate_gb(0.49e9, 24, 2, 64, 151936, 16, 4500, 2)
     big = trainer.memory_estimate_gb(3.09e9, 36, 2, 128, 151936, 16, 2448, 1, optimizer="adafactor")
     assert small["peak"] < 24 and big["peak"] < 24 and big["weights"] > small["weights"]
+
+
+# ----------------------------------------------------------------------------- learning
+
+def test_rl_raises_the_reward_of_the_puzzles_it_trains_on(tmp_path):
+    """The whole loop learns: the default method (GRPO+AR+Lopti) and lr from the shipped
+    warm start, on 8 fixed 3-person puzzles that every step samples afresh (G = 8),
+    raises their mean reward within 10 steps (about 2 min on 2 cores).
+
+    The gradient tests prove each piece; this proves the pieces add up to learning. It
+    says nothing about new puzzles: on those the default run does not gain yet (README,
+    "Does RL learn here?"). Measured (2-core CPU, 2 threads): mean reward of steps 1-3
+    0.84, of steps 8-10 1.64; rollout accuracy 0.50 -> 0.68."""
+    from lopti_minimal import kk
+    warm = trainer.ROOT / "checkpoints" / "tiny-warm"
+    data = tmp_path / "eight.jsonl"
+    kk.save_jsonl(kk.generate_records(3, 8, seed=7), data)
+    cfg = make_config("cpu-tiny", model=str(warm), rl_data=str(data), prompts_per_step=8, steps=10,
+                      max_new_tokens=320, final_eval=False, plots=False, progress=False,
+                      save_every=0, run_dir=str(tmp_path / "run"))
+    ms = trainer.train(cfg, log=lambda s: None)["metrics"]
+
+    def mean(key, part):
+        return sum(m[key] for m in part) / len(part)
+
+    first, last = ms[:3], ms[-3:]
+    assert mean("reward", last) > mean("reward", first) + 0.3
+    assert mean("accuracy", last) > mean("accuracy", first) + 0.05

@@ -103,6 +103,17 @@ def test_schedule_and_curriculum():
     assert sizes == sorted(sizes) and sizes[0] == 3 and sizes[-1] == 5
 
 
+def test_puzzle_stream_mixes_in_the_asked_share_of_unsolvable_puzzles():
+    plain = warmstart.PuzzleStream(seed=3, exclude=set(), chunk=64)
+    assert all(kk.count_solutions(kk.record_statements(plain.next(3))) == 1 for _ in range(50))
+    mixed = warmstart.PuzzleStream(seed=3, exclude=set(), chunk=64, unsolvable_share=0.25)
+    drawn = [mixed.next(3) for _ in range(400)]
+    unsolvable = [r for r in drawn if r.get("solvable") is False]
+    assert 0.18 < len(unsolvable) / len(drawn) < 0.32
+    assert all(kk.count_solutions(kk.record_statements(r)) == 0 for r in unsolvable)
+    assert all(kk.count_solutions(kk.record_statements(r)) == 1 for r in drawn if r not in unsolvable)
+
+
 def test_short_warm_start_saves_loadable_checkpoint(kk_tokenizer, tmp_path):
     out = str(tmp_path / "ck")
     cfg = WarmStartConfig(preset="nano", out=out, steps=12, lr=5e-3, warmup_steps=2,
