@@ -15,8 +15,8 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
    a 3.4M-parameter Llama trained from scratch (supervised) to write compact derivations.
    RL needs a policy that is sometimes right -- a group whose G rewards are equal has
    advantage 0 and teaches nothing -- so RL starts from a warm start, as the paper starts
-   from an instruct model. --rebuild-warmstart re-creates it (the README's one-command recipe: a 95-minute training
-   budget, --warmstart-minutes; the shipped checkpoint was made by that recipe, see README).
+   from an instruct model. --rebuild-warmstart re-creates it (the README's recipe, warmstart.recipe(): 95 minutes
+   from scratch, --warmstart-minutes, then 15 minutes with a few unsolvable puzzles mixed in).
    --model takes any causal LM instead: a folder, a hub id or a .gguf file.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step samples G responses for each of a few prompts, scores them with the Logic-RL
@@ -93,7 +93,7 @@ def parse_args(argv=None):
     ap.add_argument("--rebuild-warmstart", action="store_true",
                     help="re-create checkpoints/tiny-warm by supervised warm start first")
     # = WarmStartConfig.minutes (a test checks it); a literal keeps --help free of the torch import
-    ap.add_argument("--warmstart-minutes", type=float, default=95.0, help="budget of --rebuild-warmstart")
+    ap.add_argument("--warmstart-minutes", type=float, default=95.0, help="stage-1 budget of --rebuild-warmstart")
     ap.error = one_line_error
     return ap.parse_args(argv)
 
@@ -127,9 +127,9 @@ def ensure_model(cfg, a) -> None:
     if a.rebuild_warmstart:
         if cfg.model != default and os.path.abspath(cfg.model) != str(ROOT / default):
             raise TrainError("--rebuild-warmstart rebuilds checkpoints/tiny-warm; do not combine it with --model")
-        from lopti_minimal.warmstart import WarmStartConfig, warm_start
-        warm_start(WarmStartConfig(out=path, minutes=a.warmstart_minutes, threads=a.threads or os.cpu_count(),
-                                   progress=not a.no_progress), log=lambda s: print(s, flush=True))
+        from lopti_minimal import warmstart        # the README's recipe: two stages, ~113 min on 2 cores
+        warmstart.main(["--recipe", "--out", path, "--minutes", f"{a.warmstart_minutes:g}",
+                        "--threads", str(a.threads or os.cpu_count())] + (["--no-progress"] if a.no_progress else []))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):
         raise TrainError(f"{default} not found: run with --rebuild-warmstart "
                          f"(a {a.warmstart_minutes:g}-minute training budget) "

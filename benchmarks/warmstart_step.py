@@ -3,7 +3,7 @@
     python benchmarks/warmstart_step.py                 # tiny preset, 2 threads, sizes 3 4 5
     python benchmarks/warmstart_step.py --threads 1 --sizes 3 --batches 6 --json out.json
 
-The warm start is bounded by wall-clock time (95 minutes in the one-command recipe), so
+The warm start is bounded by wall-clock time (95 minutes in the first run of the recipe), so
 every second saved per step is more steps in the same budget.  For each puzzle size this
 draws ``--batches`` batches of generated puzzles exactly as `warmstart.warm_start` does
 (the batch size from the mean length of 32 puzzles and ``tokens_per_batch``, the compact

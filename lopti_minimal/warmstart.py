@@ -24,9 +24,13 @@ Evaluation is greedy decoding (KV cache via model.generate) scored by the Logic-
 (reward.score_response): accuracy = share of responses scoring 3, format = share whose
 format part is +1, per puzzle size, on held-out generated puzzles and the official sets.
 
-CLI (the one-command recipe of the shipped checkpoint, README; 97 minutes on 2 free cores,
-evaluation included):
-    python -m lopti_minimal.warmstart --preset tiny --threads 2 --out checkpoints/tiny-warm
+CLI:
+    python -m lopti_minimal.warmstart --preset tiny --threads 2 --out DIR      # one run, 95 minutes
+    python -m lopti_minimal.warmstart --recipe          # the shipped checkpoint: `recipe()`, two
+                                                        # runs, about 113 minutes on 2 free cores
+The shipped recipe's second run mixes in 5% unsolvable puzzles (--unsolvable-share): a
+model trained on solvable puzzles only has never seen a search run out of candidates, and
+when its own wrong check rejects the solution it loops on nodes it has already tried.
 """
 from __future__ import annotations
 
@@ -448,8 +452,29 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
 # CLI
 # ---------------------------------------------------------------------------------------
 
-def main(argv=None) -> int:
+def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2, minutes: float = 95.0) -> list[list[str]]:
+    """The shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; README,
+    "Models"), about 113 minutes on 2 cores.
+
+    1. From scratch, ``minutes`` of training on solvable puzzles, to ``OUT-stage1``.
+    2. From stage 1, 15 more minutes (a fresh schedule from lr 2e-4, the last curriculum
+       stage) with 5% unsolvable puzzles, to ``OUT``: the stage-1 model's only format
+       errors were responses that loop once its search ran out of candidates (its own wrong
+       check had rejected the solution), and the unsolvable puzzles show it how a search
+       that runs out ends ("guess ..."). No periodic evaluation: the final model is kept."""
+    stage1 = out.rstrip("/") + "-stage1"
+    return [["--preset", "tiny", "--minutes", f"{minutes:g}", "--threads", str(threads),
+             "--heldout-per-size", "40", "--out", stage1],
+            ["--init", stage1, "--minutes", "15", "--lr", "2e-4", "--unsolvable-share", "0.05",
+             "--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",
+             "--out", out]]
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Supervised warm start of the tiny K&K model.")
+    ap.add_argument("--recipe", action="store_true",
+                    help="make the shipped checkpoint: the two runs of warmstart.recipe() into --out "
+                         "(default checkpoints/tiny-warm) and OUT-stage1, with --threads and --minutes")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--minutes", type=float, default=WarmStartConfig.minutes, help="training wall-clock budget")
     ap.add_argument("--steps", type=int, default=None, help="fixed step budget (overrides --minutes)")
@@ -475,7 +500,16 @@ def main(argv=None) -> int:
                          "and the last curriculum stage")
     ap.add_argument("--style", choices=sorted(RESPONSE_STYLES), default="compact",
                     help="target: compact explanation (names), numbered (people as 1..n), or direct (answer only)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.recipe:
+        for args in recipe(a.out, a.threads or 2, a.minutes):
+            print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
+            main(args + (["--no-progress"] if a.no_progress else []))
+        return 0
     cfg = WarmStartConfig(preset=a.preset, minutes=a.minutes, steps=a.steps, out=a.out, lr=a.lr,
                           tokens_per_batch=a.tokens_per_batch, threads=a.threads or os.cpu_count(),
                           bucket_batches=a.bucket_batches, unsolvable_share=a.unsolvable_share,
