@@ -132,7 +132,7 @@ def ensure_model(cfg, a) -> None:
                         "--threads", str(a.threads or os.cpu_count())] + (["--no-progress"] if a.no_progress else []))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):
         raise TrainError(f"{default} not found: run with --rebuild-warmstart "
-                         f"(a {a.warmstart_minutes:g}-minute training budget) "
+                         f"(two warm-start runs, {a.warmstart_minutes:g} + 15 minutes of training) "
                          "or pass --model PATH")
 
 
