@@ -570,13 +570,16 @@ def generate_unsolvable_records(n_people: int, count: int, seed: int = 0, depth:
     `count_solutions` is 0.  Not K&K test material: the warm start mixes a few in
     (WarmStartConfig.unsolvable_share) so that the model sees a search that runs out of
     candidates and still closes its answer (explain.compact_trace, "guess").  The record's
-    "solution" is that guess -- everyone a knave -- and "solvable" is False."""
+    "solution" is that trace's guess (everyone a knave) and "solvable" is False."""
+    from .explain import compact_trace   # local: explain imports kk
     sampler = KKSampler(seed, n_people, depth, width)
     out: list[dict] = []
     while len(out) < count:
         statements = sampler.sample()
         if count_solutions(statements) == 0:
-            record = make_record(statements, (False,) * n_people, len(out), seed + len(out))
+            kind, guess = compact_trace(statements)[-1]
+            assert kind == "guess"
+            record = make_record(statements, guess, len(out), seed + len(out))
             record["solvable"] = False
             out.append(record)
     return out

@@ -152,8 +152,7 @@ class PuzzleStream:
         buf = self.buffers.setdefault(n, [])
         if not buf:
             from . import kk
-            self.calls += 1
-            seed = self.seed * 1_000_003 + self.calls * 7919 + n
+            seed = self._chunk_seed(n)
             count = self.chunk
             while True:
                 try:
@@ -169,9 +168,13 @@ class PuzzleStream:
         buf = self.unsolvable.setdefault(n, [])
         if not buf:
             from . import kk
-            self.calls += 1
-            buf.extend(kk.generate_unsolvable_records(n, 64, seed=self.seed * 1_000_003 + self.calls * 7919 + n))
+            buf.extend(kk.generate_unsolvable_records(n, 64, seed=self._chunk_seed(n)))
         return buf.pop()
+
+    def _chunk_seed(self, n: int) -> int:
+        """A fresh generator seed for every chunk (solvable or not), from cfg.seed."""
+        self.calls += 1
+        return self.seed * 1_000_003 + self.calls * 7919 + n
 
 
 def encode_example(tokenizer, prompt: str, response: str) -> tuple[list[int], int]:
@@ -452,7 +455,8 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
 # CLI
 # ---------------------------------------------------------------------------------------
 
-def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2, minutes: float = 95.0) -> list[list[str]]:
+def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
+           minutes: float = WarmStartConfig.minutes) -> list[list[str]]:
     """The shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; README,
     "Models"), about 113 minutes on 2 cores.
 

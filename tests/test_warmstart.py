@@ -243,3 +243,17 @@ def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
     assert sum(tokens.values()) == n_response
     assert {"claim", "try", "check", "found", "other"} <= set(tokens)
     assert all(0 <= wrong[k] <= tokens[k] for k in tokens) and sum(first.values()) <= len(recs)
+
+
+def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop():
+    """scripts/format_errors.py (quoted in the README) on hand-made responses."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "format_errors", os.path.join(ROOT, "scripts", "format_errors.py"))
+    fe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fe)
+    ran_out = "\ntry A=T\n  A=T: B=F = F bad\ntry A=F\ntry A=F B=T\n  x bad\ntry A=F B=F\n  x bad\ntry A=F B=T\n"
+    mid = "\ntry A=T\ntry A=T B=T\n  x bad\ntry A=T\n"
+    assert fe.classify(ran_out) == "loop after the search ran out"
+    assert fe.classify(mid) == "loop mid-search"
+    assert fe.classify("\ntry A=T\nfound A=T\n</think>") == "no repeated node"
