@@ -84,6 +84,7 @@ def parse_args(argv=None):
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue this run after its latest checkpoint")
     ap.add_argument("--eval-every", type=int, help="evaluate every N steps (0: only at the end)")
     ap.add_argument("--save-every", type=int, help="checkpoint every N steps")
+    ap.add_argument("--keep-checkpoints", type=int, help="periodic checkpoints kept (default 2; 0 keeps all)")
     ap.add_argument("--eval-before", action="store_true", help="also evaluate the initial policy")
     ap.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
@@ -114,6 +115,7 @@ def build_config(a):
         prompts_per_step=a.prompts_per_step, lr=a.lr, steps=a.steps, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, max_prompt_len=a.max_prompt_len, model=a.model,
         rl_sizes=a.rl_sizes, rl_data=a.data, run_dir=a.run_dir, eval_every=a.eval_every, save_every=a.save_every,
+        keep_checkpoints=a.keep_checkpoints,
         eval_before=a.eval_before or None, final_eval=False if a.no_eval else None,
         threads=a.threads, device=a.device, tensorboard=a.tensorboard or None,
         progress=False if a.no_progress else None)

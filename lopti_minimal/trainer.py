@@ -145,7 +145,8 @@ class TrainConfig:
     # --- output
     run_dir: str | None = None     # default runs/<time>-<preset>-<method>-s<seed>
     save_every: int = 10           # checkpoint every N steps (a crash loses at most N steps)
-    keep_checkpoints: int = 2      # older periodic checkpoints are deleted
+    keep_checkpoints: int = 2      # older periodic checkpoints are deleted (0: keep every one,
+                                   # e.g. to evaluate the policy along the run)
     save_dtype: str = "same"       # checkpoints keep the training dtype, so resume is exact
     preset: str = "cpu-tiny"
     progress: bool = True
@@ -245,8 +246,8 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"lr must be > 0, got {cfg.lr}")
     if cfg.optimizer not in ("adamw", "adafactor"):
         raise TrainError(f"unknown optimizer {cfg.optimizer!r}: adamw or adafactor")
-    if cfg.save_every < 0 or cfg.eval_every < 0:
-        raise TrainError("save-every and eval-every must be >= 0")
+    if cfg.save_every < 0 or cfg.eval_every < 0 or cfg.keep_checkpoints < 0:
+        raise TrainError("save-every, eval-every and keep-checkpoints must be >= 0")
 
 
 def config_to_json(cfg: TrainConfig) -> dict:
@@ -636,8 +637,9 @@ def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, cfg: TrainC
     }
     path = Path(run_dir) / f"ckpt-{step:06d}"
     save_hf_atomic(model, tokenizer, path, {"trainer_state.pt": state})
-    for _, old in checkpoints(run_dir)[:-cfg.keep_checkpoints or None]:
-        shutil.rmtree(old, ignore_errors=True)
+    if cfg.keep_checkpoints:                     # 0 keeps them all
+        for _, old in checkpoints(run_dir)[:-cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
     return path
 
 

@@ -138,6 +138,15 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_keep_checkpoints_zero_keeps_every_checkpoint(nano_dir, tmp_path):
+    # 0 = keep all (to evaluate the policy along a run); it once deleted them all instead.
+    cfg = small_cfg(nano_dir, tmp_path, steps=3, save_every=1, keep_checkpoints=0, method="grpo")
+    trainer.train(cfg, log=lambda s: None)
+    assert [s for s, _ in trainer.checkpoints(tmp_path / "run")] == [1, 2, 3]
+    with pytest.raises(TrainError, match="keep-checkpoints"):
+        trainer.validate(small_cfg(nano_dir, tmp_path, keep_checkpoints=-1))
+
+
 def test_run_dir_layout_and_refusals(nano_dir, tmp_path):
     cfg = small_cfg(nano_dir, tmp_path, steps=2, save_every=1, keep_checkpoints=1, method="lopti")
     r = trainer.train(cfg, log=lambda s: None)
