@@ -133,8 +133,9 @@ def ensure_model(cfg, a) -> None:
         warmstart.main(["--recipe", "--out", path, "--minutes", f"{a.warmstart_minutes:g}",
                         "--threads", str(a.threads or os.cpu_count())] + (["--no-progress"] if a.no_progress else []))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):
+        from lopti_minimal.warmstart import STAGE2_MINUTES
         raise TrainError(f"{default} not found: run with --rebuild-warmstart "
-                         f"(two warm-start runs, {a.warmstart_minutes:g} + 15 minutes of training) "
+                         f"(two warm-start runs, {a.warmstart_minutes:g} + {STAGE2_MINUTES:g} minutes of training) "
                          "or pass --model PATH")
 
 

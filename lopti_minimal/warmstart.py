@@ -455,6 +455,9 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
 # CLI
 # ---------------------------------------------------------------------------------------
 
+STAGE2_MINUTES = 15.0     # the recipe's second run (train.py's missing-checkpoint message says it too)
+
+
 def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
            minutes: float = WarmStartConfig.minutes) -> list[list[str]]:
     """The shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; README,
@@ -469,7 +472,7 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
     stage1 = out.rstrip("/") + "-stage1"
     return [["--preset", "tiny", "--minutes", f"{minutes:g}", "--threads", str(threads),
              "--heldout-per-size", "40", "--out", stage1],
-            ["--init", stage1, "--minutes", "15", "--lr", "2e-4", "--unsolvable-share", "0.05",
+            ["--init", stage1, "--minutes", f"{STAGE2_MINUTES:g}", "--lr", "2e-4", "--unsolvable-share", "0.05",
              "--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",
              "--out", out]]
 
