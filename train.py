@@ -8,16 +8,19 @@
 
 What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12929):
 
-1. Prompts. RL puzzles are generated (3..5 people for the tiny model; the paper trains on
+1. Prompts. RL puzzles are generated (3 people for the tiny model; the paper trains on
    3..7), with every puzzle of the official test sets excluded, and cached under cache/
    so every run and seed sees the same set. --data FILE trains on your own K&K JSONL.
 2. Policy. The default policy is the shipped warm-start checkpoint checkpoints/tiny-warm:
-   a 3.4M-parameter Llama trained from scratch (supervised) to write compact derivations.
-   RL needs a policy that is sometimes right -- a group whose G rewards are equal has
-   advantage 0 and teaches nothing -- so RL starts from a warm start, as the paper starts
-   from an instruct model. --rebuild-warmstart re-creates it (the README's recipe, warmstart.recipe(): 95 minutes
-   from scratch, --warmstart-minutes, then 15 minutes with a few unsolvable puzzles mixed in).
-   --model takes any causal LM instead: a folder, a hub id or a .gguf file.
+   a 3.4M-parameter Llama trained from scratch (supervised) to do one of two things for
+   each puzzle -- *guess* at once (usually) or *derive* the answer step by step
+   (lopti_minimal/behaviours.py). RL needs a policy that is sometimes right -- a group
+   whose G rewards are equal has advantage 0 and teaches nothing -- and it needs a
+   behaviour to select: RL from checkpoints/tiny-derive, which always derives, does not
+   raise accuracy (docs/RL_FROM_DERIVE.md). --rebuild-warmstart re-creates it (the
+   README's recipe, warmstart.recipe(): 95 minutes from scratch, --warmstart-minutes, then
+   20 minutes on the two behaviours). --model takes any causal LM instead: a folder, a hub
+   id or a .gguf file.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step samples G responses for each of a few prompts, scores them with the Logic-RL
    reward, turns the rewards into group advantages, reweights them by the old token
@@ -129,7 +132,7 @@ def ensure_model(cfg, a) -> None:
     if a.rebuild_warmstart:
         if cfg.model != default and os.path.abspath(cfg.model) != str(ROOT / default):
             raise TrainError("--rebuild-warmstart rebuilds checkpoints/tiny-warm; do not combine it with --model")
-        from lopti_minimal import warmstart        # the README's recipe: two stages, ~113 min on 2 cores
+        from lopti_minimal import warmstart        # the README's recipe: two stages, < 2 h on 2 cores
         warmstart.main(["--recipe", "--out", path, "--minutes", f"{a.warmstart_minutes:g}",
                         "--threads", str(a.threads or os.cpu_count())] + (["--no-progress"] if a.no_progress else []))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):

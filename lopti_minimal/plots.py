@@ -1,7 +1,7 @@
 """Plots of a run (matplotlib figures written to PNG files; no display needed).
 
-- training curves: mean reward and sampled-response accuracy per RL step, with a moving
-  average (single steps are noisy: a few prompts x G responses each);
+- training curves: mean reward, sampled-response accuracy, share of derivations and
+  response length per RL step, with a moving average (single steps are noisy: a few prompts x G responses each);
 - evaluation curve: official accuracy per size at each periodic evaluation;
 - per-size accuracy bars of one or more evaluation reports (e.g. warm start vs after RL).
 """
@@ -31,12 +31,19 @@ def moving_average(x, k: int):
     return np.concatenate([head, (c[k:] - c[:-k]) / k])
 
 
+TRAINING_PANELS = (("reward", "mean reward"), ("accuracy", "accuracy of sampled responses"),
+                   ("derive_share", "share of derivations (behaviours.py)"),
+                   ("response_len", "response tokens"))
+
+
 def plot_training(metrics: list[dict], path, window: int = 5) -> str:
+    """One panel per metric of TRAINING_PANELS that the run logged (runs written before
+    the derivation share existed have three)."""
     steps = [m["step"] for m in metrics]
-    fig = Figure(figsize=(13, 3.6))
-    axes = fig.subplots(1, 3)
-    for ax, key, label in zip(axes, ("reward", "accuracy", "response_len"),
-                              ("mean reward", "accuracy of sampled responses", "response tokens")):
+    panels = [(k, label) for k, label in TRAINING_PANELS if all(k in m for m in metrics)]
+    fig = Figure(figsize=(4.3 * len(panels), 3.6))
+    axes = fig.subplots(1, len(panels))
+    for ax, (key, label) in zip(axes, panels):
         y = [m[key] for m in metrics]
         ax.plot(steps, y, alpha=0.35, lw=1, label="per step")
         ax.plot(steps, moving_average(y, window), lw=2, label=f"moving avg ({window})")

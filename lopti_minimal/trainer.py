@@ -62,6 +62,12 @@ class TrainError(ValueError):
 # Configuration
 # =======================================================================================
 
+def _default_eval_budget() -> dict:
+    """evaluate.DEFAULT_MAX_NEW_TOKENS (local import: evaluate imports this module)."""
+    from .evaluate import DEFAULT_MAX_NEW_TOKENS
+    return dict(DEFAULT_MAX_NEW_TOKENS)
+
+
 @dataclass
 class TrainConfig:
     """Everything a run depends on. Defaults = the ``cpu-tiny`` preset (the embedded run:
@@ -91,8 +97,12 @@ class TrainConfig:
     temperature: float = 0.7       # reference 0.7 (also divides the logits in training)
     top_p: float = 1.0             # reference: no nucleus / top-k filtering
     top_k: int = 0
-    max_new_tokens: int = 512      # reference 4,096; the tiny model's 3..5-person derivations
-                                   # take ~200-450 tokens, so 512 only cuts runaway responses
+    max_new_tokens: int = 640      # reference 4,096. Never cuts a derivation of the sizes the
+                                   # default trains on: the longest phrased 3-person derivation,
+                                   # a full search that finds nothing, has ~550 tokens. A cut
+                                   # derivation scores -3, below a wrong guess (-0.5), and
+                                   # teaches the policy to guess (measured with 3- and
+                                   # 4-person puzzles and a 512 cap: guesses won in 3 steps)
     max_prompt_len: int = 256      # longer prompts are dropped from the RL set (verl filters
                                    # over-long prompts the same way); reference 400
 
@@ -114,9 +124,10 @@ class TrainConfig:
     optimizer: str = "adamw"       # reference AdamW; "adafactor" only for the 3B-on-24GB preset
 
     # --- data: the RL prompt set (generated, official test puzzles excluded, cached)
-    rl_sizes: tuple = (3, 4)       # reference trains on 3..7 people; the shipped tiny model
-                                   # solves 5-7 almost never and its 5-person derivations
-                                   # often exceed max_new_tokens (truncated = reward -3)
+    rl_sizes: tuple = (3,)         # reference trains on 3..7 people; the tiny model derives
+                                   # right on 3 people about half the time and on 5-7 almost
+                                   # never, and 4-person derivations (up to ~1,100 tokens)
+                                   # would need a cap that doubles the sampling time
     rl_per_size: int = 900         # reference: 900 puzzles per size
     data_seed: int = 20250518      # generator seed of the RL set (not the warm start's)
     cache_dir: str = "cache"
@@ -137,7 +148,7 @@ class TrainConfig:
     eval_every: int = 0            # periodic evaluation every N steps (0: only the final one)
     eval_sizes: tuple = (3, 4, 5, 6, 7)
     eval_per_size: int = 100       # puzzles per size (the official sets have 100)
-    eval_max_new_tokens: dict = field(default_factory=lambda: {3: 512, 4: 768, 5: 1024, 6: 1536, 7: 2048})
+    eval_max_new_tokens: dict = field(default_factory=lambda: _default_eval_budget())
     eval_batch_size: int = 100
     final_eval: bool = True
     eval_before: bool = False      # also evaluate the initial policy (eval_before.json)
@@ -484,6 +495,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
     """One RL step on the given prompts. Returns the step's metrics (a flat dict)."""
     from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3,
                        sort_by_length, token_advantages)
+    from .behaviours import derive_share
     from .lopti import lopti_update, split_by_probability
     from .reweight import reweight_advantages
 
@@ -544,6 +556,9 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         "reward": float(rewards.mean()),
         "accuracy": float(correct.mean()),
         "format_ok": float((rewards > -3.0).float().mean()),
+        # The behaviour of the samples (behaviours.py): the share that derive rather than
+        # guess. From the shipped warm start RL should raise it (the selection it makes).
+        "derive_share": derive_share(texts),
         "response_len": float(mask.sum(1).mean()),
         "truncated": float((mask.sum(1) >= cfg.max_new_tokens).float().mean()),
         "kl": kl,
@@ -564,7 +579,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
 def summary_line(m: dict, steps: int) -> str:
     """The one-line per-step summary (issue 5 §2)."""
     return (f"step {m['step']:>4}/{steps} | reward {m['reward']:+.3f} | acc {m['accuracy']:.3f} | "
-            f"len {m['response_len']:6.1f} | kl {m['kl']:.2e} | clip {m['clip_frac']:.3f} | "
+            f"derive {m.get('derive_share', float('nan')):.2f} | len {m['response_len']:6.1f} | kl {m['kl']:.2e} | clip {m['clip_frac']:.3f} | "
             f"gnorm {m['grad_norm']:.3f} | low {m['low_fraction']:.3f} | "
             f"{m['step_s']:.1f}s (sample {m['sample_s']:.1f}s)")
 

@@ -27,10 +27,13 @@ format part is +1, per puzzle size, on held-out generated puzzles and the offici
 CLI:
     python -m lopti_minimal.warmstart --preset tiny --threads 2 --out DIR      # one run, 95 minutes
     python -m lopti_minimal.warmstart --recipe          # the shipped checkpoint: `recipe()`, two
-                                                        # runs, about 113 minutes on 2 free cores
+                                                        # runs, under 2 hours on 2 free cores
+    python -m lopti_minimal.warmstart --recipe derive --out checkpoints/tiny-derive
 The shipped recipe's second run mixes in 5% unsolvable puzzles (--unsolvable-share): a
 model trained on solvable puzzles only has never seen a search run out of candidates, and
-when its own wrong check rejects the solution it loops on nodes it has already tried.
+when its own wrong check rejects the solution it loops on nodes it has already tried.  For
+the default warm start it also teaches the two behaviours (behaviours.py: --guess-share,
+--phrased), which give RL something to select.
 """
 from __future__ import annotations
 
@@ -73,6 +76,11 @@ class WarmStartConfig:
     # trace runs out of candidates and ends in a "guess", which teaches the model to close
     # its answer when its own wrong check has rejected the solution instead of looping.
     unsolvable_share: float = 0.0
+    # The two behaviours (behaviours.py): the share of targets that are a *guess* (a random
+    # answer straight away) instead of a derivation, and whether derivations are phrased
+    # freely (phrasing.py).  0 and False: the canonical derivation only (tiny-derive).
+    guess_share: float = 0.0
+    phrased: bool = False
     # Curriculum: (progress, {size: weight}); the last stage whose start <= progress applies.
     curriculum: tuple = ((0.0, {2: 1, 3: 2}), (0.08, {2: 1, 3: 3, 4: 2}),
                          (0.25, {3: 3, 4: 3, 5: 2}), (0.5, {3: 2, 4: 3, 5: 3}))
@@ -90,7 +98,9 @@ class WarmStartConfig:
     # Response caps per size: above the longest compact target seen for sizes 3..5 at
     # the 95th percentile, so a model that has learned the format is never cut short
     # there; 6 and 7 people need longer searches and are capped to keep evaluation cheap.
-    max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 450, 4: 800, 5: 1200, 6: 2048, 7: 2048})
+    # (Phrased derivations are about 15% longer: the longest of 200 generated 3-person
+    # targets has 498 tokens, 4 people 1,055, 5 people 1,464.)
+    max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 640, 4: 1152, 5: 1600, 6: 2048, 7: 2048})
     progress: bool = True
     init: str | None = None          # the checkpoint this run continued from (--init), if any
 
@@ -358,6 +368,9 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     official = kk.load_official()
     heldout = heldout_records(cfg.eval_sizes, cfg.heldout_per_size, exclude=kk.keys_of(official)) \
         if cfg.heldout_per_size > 0 else []
+    if response_fn is default_response and (cfg.guess_share > 0 or cfg.phrased):
+        from .behaviours import TwoBehaviourTargets
+        response_fn = TwoBehaviourTargets(cfg.guess_share, cfg.phrased, cfg.seed)
     if not 0.0 <= cfg.unsolvable_share < 1.0:
         raise ValueError(f"unsolvable_share must lie in [0, 1), got {cfg.unsolvable_share}")
     stream = PuzzleStream(cfg.seed, exclude=kk.keys_of(official) | kk.keys_of(heldout),
@@ -455,33 +468,49 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
 # CLI
 # ---------------------------------------------------------------------------------------
 
-STAGE2_MINUTES = 15.0     # the recipe's second run (train.py's missing-checkpoint message says it too)
+STAGE2_MINUTES = 20.0     # the second run of the shipped two-behaviour warm start (train.py says it too)
+DERIVE_STAGE2_MINUTES = 15.0   # the second run of tiny-derive
+GUESS_SHARE = 0.7         # the shipped warm start's share of guess targets
 
 
 def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
-           minutes: float = WarmStartConfig.minutes) -> list[list[str]]:
-    """The shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; README,
-    "Models"), about 113 minutes on 2 cores.
+           minutes: float = WarmStartConfig.minutes, derive_only: bool = False,
+           stage1: str | None = None) -> list[list[str]]:
+    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; README,
+    "Models"), at most 2 hours on 2 cores.
 
-    1. From scratch, ``minutes`` of training on solvable puzzles, to ``OUT-stage1``.
-    2. From stage 1, 15 more minutes (a fresh schedule from lr 2e-4, the last curriculum
-       stage) with 5% unsolvable puzzles, to ``OUT``: the stage-1 model's only format
-       errors were responses that loop once its search ran out of candidates (its own wrong
-       check had rejected the solution), and the unsolvable puzzles show it how a search
-       that runs out ends ("guess ..."). No periodic evaluation: the final model is kept."""
-    stage1 = out.rstrip("/") + "-stage1"
+    1. From scratch, ``minutes`` of training on solvable puzzles, to ``stage1`` (default
+       ``OUT-stage1``; both shipped checkpoints continue from checkpoints/tiny-warm-stage1).
+    2. From stage 1, a fresh schedule from lr 2e-4 (the last curriculum stage) with 5%
+       unsolvable puzzles: the stage-1 model's only format errors were responses that loop
+       once its search ran out of candidates (its own wrong check had rejected the
+       solution), and the unsolvable puzzles show it how a search that runs out ends
+       ("guess ...").  No periodic evaluation: the final model is kept.
+       - the default (checkpoints/tiny-warm): 20 minutes on the two behaviours
+         (behaviours.py): 70% of the targets guess, the derivations are phrased freely
+         (phrasing.py); random batches (no length bucketing), so every batch mixes the
+         two behaviours -- with bucketing, batches of short guesses hold many more
+         examples than batches of derivations, and the mixture collapsed to 99.8% guesses;
+       - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations."""
+    stage1 = stage1 or out.rstrip("/") + "-stage1"
+    second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05"]
+    if derive_only:
+        second += ["--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
+    else:
+        second += ["--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}", "--phrased",
+                   "--bucket-batches", "1"]
     return [["--preset", "tiny", "--minutes", f"{minutes:g}", "--threads", str(threads),
              "--heldout-per-size", "40", "--out", stage1],
-            ["--init", stage1, "--minutes", f"{STAGE2_MINUTES:g}", "--lr", "2e-4", "--unsolvable-share", "0.05",
-             "--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",
-             "--out", out]]
+            second + ["--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",
+                      "--out", out]]
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Supervised warm start of the tiny K&K model.")
-    ap.add_argument("--recipe", action="store_true",
-                    help="make the shipped checkpoint: the two runs of warmstart.recipe() into --out "
-                         "(default checkpoints/tiny-warm) and OUT-stage1, with --threads and --minutes")
+    ap.add_argument("--recipe", nargs="?", const="two-behaviour", choices=("two-behaviour", "derive"),
+                    help="make a shipped checkpoint: the two runs of warmstart.recipe() into --out "
+                         "(default checkpoints/tiny-warm) and OUT-stage1, with --threads and --minutes; "
+                         "'derive' makes tiny-derive (canonical derivations only)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--minutes", type=float, default=WarmStartConfig.minutes, help="training wall-clock budget")
     ap.add_argument("--steps", type=int, default=None, help="fixed step budget (overrides --minutes)")
@@ -494,6 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--unsolvable-share", type=float, default=WarmStartConfig.unsolvable_share,
                     help="share of training puzzles drawn unsolvable, whose trace ends in a guess "
                          "(teaches the model to close its answer when its search runs out)")
+    ap.add_argument("--guess-share", type=float, default=WarmStartConfig.guess_share,
+                    help="share of targets that guess (a random answer at once) instead of deriving")
+    ap.add_argument("--phrased", action="store_true",
+                    help="phrase the derivations freely (phrasing.py): reward-irrelevant word choices")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every-minutes", type=float, default=WarmStartConfig.eval_every_minutes)
     ap.add_argument("--no-bf16", action="store_true", help="train in float32 (about 2x slower on CPU)")
@@ -513,13 +546,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     if a.recipe:
-        for args in recipe(a.out, a.threads or 2, a.minutes):
+        for args in recipe(a.out, a.threads or 2, a.minutes, derive_only=a.recipe == "derive"):
             print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
             main(args + (["--no-progress"] if a.no_progress else []))
         return 0
     cfg = WarmStartConfig(preset=a.preset, minutes=a.minutes, steps=a.steps, out=a.out, lr=a.lr,
                           tokens_per_batch=a.tokens_per_batch, threads=a.threads or os.cpu_count(),
                           bucket_batches=a.bucket_batches, unsolvable_share=a.unsolvable_share,
+                          guess_share=a.guess_share, phrased=a.phrased,
                           seed=a.seed, eval_every_minutes=a.eval_every_minutes, bf16=not a.no_bf16,
                           eval_per_size=a.eval_per_size, heldout_per_size=a.heldout_per_size,
                           final_eval_per_size=a.final_eval_per_size, progress=not a.no_progress)
@@ -532,7 +566,8 @@ def main(argv=None) -> int:
         cfg.init = a.init
     _, _, hist = warm_start(cfg, model=model, tokenizer=tokenizer, response_fn=RESPONSE_STYLES[a.style],
                             log=lambda s: print(s, flush=True))
-    print(json.dumps(hist[-1]["official"], indent=1))
+    if hist:                                          # (no evaluation: nothing to print)
+        print(json.dumps(hist[-1]["official"], indent=1))
     return 0
 
 

@@ -1,0 +1,116 @@
+"""Free phrasing (lopti_minimal/phrasing.py) and the two behaviours (behaviours.py).
+
+Claims: every phrasing of a derivation is the same derivation (it replays step by step,
+through `phrasing.canonical`) and scores 3; phrasing varies every kind of line; each
+option starts with its own token, so a verdict is one token; a guess is a well-formed,
+random answer; the behaviour of a response is read from what precedes "</think>"."""
+import collections
+import random
+
+import pytest
+from test_explain import replay_compact
+
+from lopti_minimal import behaviours, explain, kk, phrasing
+from lopti_minimal.behaviours import DERIVE, GUESS, TwoBehaviourTargets, behaviour_of
+from lopti_minimal.reward import score_response
+
+GENERATED = {n: kk.generate_records(n, 40, seed=5, exclude=kk.official_keys()) for n in range(3, 8)}
+
+
+@pytest.mark.parametrize("n", range(3, 8))
+def test_every_phrased_derivation_replays_and_scores_3(n):
+    rng = random.Random(n)
+    for r in GENERATED[n]:
+        for _ in range(3):
+            response = behaviours.derive_response(r, rng)
+            assert score_response(response, r).total == 3.0, response
+            text = response.split("\n</think>")[0][1:]
+            assert phrasing.canonical(text) == explain.compact_explanation(r)
+            replay_compact(phrasing.canonical(text), kk.record_statements(r), r["names"])
+
+
+def test_unsolvable_searches_are_phrased_too():
+    for r in kk.generate_unsolvable_records(3, 10, seed=1):
+        text = phrasing.vary(explain.compact_explanation(r), random.Random(0))
+        assert phrasing.canonical(text) == explain.compact_explanation(r)
+
+
+def test_canonical_text_is_its_own_canonical_form():
+    for r in GENERATED[4]:
+        text = explain.compact_explanation(r)
+        assert phrasing.canonical(text) == text
+
+
+def test_every_option_is_used_and_choices_are_near_uniform():
+    """Over many lines each option of each choice appears, none dominates (uniform draws:
+    a model that learns them gives each about 1/k, below 0.5)."""
+    rng = random.Random(0)
+    lines = [line for r in GENERATED[3] for line in
+             phrasing.vary(explain.compact_explanation(r), rng).split("\n")]
+    starts = collections.Counter(line.split(" ")[0] for line in lines if not line.startswith(" "))
+    for word in phrasing.NODE_WORDS:
+        assert starts[word] > 0.15 * sum(starts[w] for w in phrasing.NODE_WORDS), starts
+    checks = [line for line in lines if "=" in line and line.startswith("  ") and "(" not in line]
+    for group in (phrasing.SAID, phrasing.EQUALS, phrasing.OK_WORDS + phrasing.BAD_WORDS):
+        used = collections.Counter(w for line in checks for w in group if w.strip() and w in line)
+        assert all(used[w] > 0 for w in group if w.strip()), (group, used)
+
+
+def test_each_option_of_a_choice_starts_with_its_own_token():
+    """The choice is made by one token (then it has low probability for a model that has
+    learned the targets); verdict words of ok and bad never share a first token, so the
+    verdict too is one token, as in the canonical form."""
+    from lopti_minimal.models import load_model_and_tokenizer
+    import os
+    ckpt = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "tiny-warm")
+    _, tok = load_model_and_tokenizer(ckpt, device="cpu")
+
+    def first(prefix, word):
+        base = tok(prefix, add_special_tokens=False)["input_ids"]
+        ids = tok(prefix + word, add_special_tokens=False)["input_ids"]
+        assert ids[:len(base)] == base, (prefix, word)
+        return ids[len(base)]
+
+    for prefix, group in (("  Amelia=T", phrasing.SAID), ("\n", phrasing.NODE_WORDS),
+                          ("  Amelia=T: not Evelyn=F", phrasing.EQUALS),
+                          ("  Amelia=T: not Evelyn=F = T", phrasing.OK_WORDS + phrasing.BAD_WORDS),
+                          ("try Amelia=T", phrasing.BETWEEN[1:] + (" Evelyn",)),
+                          ("  Amelia: not Evelyn (", phrasing.AT_WORDS),
+                          ("\n ", tuple(w for w in phrasing.CHECK_LEADS if w) + (" Amelia",))):
+        firsts = [first(prefix, w) for w in group]
+        assert len(set(firsts)) == len(firsts), (prefix, group)
+
+
+def test_guesses_are_well_formed_random_answers():
+    rng = random.Random(0)
+    r = GENERATED[3][0]
+    results = [score_response(behaviours.guess_response(r, rng), r) for _ in range(400)]
+    assert all(x.format_ok and x.parsed_roles is not None for x in results)
+    right = sum(x.correct for x in results) / len(results)
+    assert 0.07 < right < 0.19, right                     # chance: 1/8
+    assert all(x.total in (3.0, -0.5) for x in results)
+
+
+def test_behaviour_of_a_response():
+    r = GENERATED[3][1]
+    assert behaviour_of(behaviours.guess_response(r, random.Random(1))) == GUESS
+    assert behaviour_of(behaviours.derive_response(r)) == DERIVE
+    assert behaviour_of(" \n</think>\n<answer> x </answer>") == GUESS
+    assert behaviour_of("\ntry Amelia=T") == DERIVE                   # cut before </think>
+    assert behaviour_of("<think> I think... </think><answer>") == DERIVE
+    assert behaviours.derive_share([]) == 0.0
+    assert behaviours.derive_share(["\n</think>", "x</think>", "y", "\n</think>"]) == 0.5
+
+
+def test_two_behaviour_targets_mix_the_asked_share_deterministically():
+    targets = TwoBehaviourTargets(0.7, phrased=True, seed=3)
+    recs = kk.generate_records(3, 300, seed=9)
+    texts = [targets(r) for r in recs]
+    assert texts == [TwoBehaviourTargets(0.7, phrased=True, seed=3)(r) for r in recs]
+    share = sum(behaviour_of(t) == GUESS for t in texts) / len(texts)
+    assert 0.63 < share < 0.77, share
+    assert all(score_response(t, r).total == 3.0 for t, r in zip(texts, recs) if behaviour_of(t) == DERIVE)
+    plain = TwoBehaviourTargets(0.0, phrased=False)
+    assert plain(recs[0]) == behaviours.derive_response(recs[0])
+    with pytest.raises(ValueError):
+        TwoBehaviourTargets(1.0)
