@@ -34,7 +34,7 @@ def test_ci_preset_end_to_end_under_60s(nano_dir, tmp_path):
               "accuracy_by_size.png", "summary.json"):
         assert (run / f).exists(), f
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and {"reward", "accuracy", "kl", "clip_frac", "grad_norm",
+    assert len(lines) == 2 and {"reward", "accuracy", "derive_share", "kl", "clip_frac", "grad_norm",
                                 "low_fraction", "step_s"} <= set(json.loads(lines[0]))
     assert "step    1/2 | reward" in p.stdout and "Done. Everything is in" in p.stdout
     # Resume of a finished run with more steps extends it.
