@@ -52,6 +52,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, help="one response budget for every size")
     ap.add_argument("--batch-size", type=int, default=100, help="responses decoded together")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--response-prefix", default="",
+                    help=r"force every response to start with this text, e.g. '\n ' (a newline and a "
+                         "space: the tiny warm start's derivations) -- escapes \n are read")
     ap.add_argument("--out", help="report path (JSON)")
     ap.add_argument("--save-responses", action="store_true", help="also write every response (JSONL)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
@@ -110,9 +113,11 @@ def main(argv=None) -> int:
     report = evaluate_records(model, tok, records, max_new_tokens=budget, batch_size=a.batch_size,
                               samples=a.samples, temperature=a.temperature, seed=a.seed,
                               prompt_style=style, autocast_bf16=not a.no_bf16,
-                              progress=not a.no_progress, keep_responses=a.save_responses)
+                              progress=not a.no_progress, keep_responses=a.save_responses,
+                              response_prefix=a.response_prefix.replace("\\n", "\n"))
     report["model"] = source
     report["data"] = a.data or f"official sizes {a.sizes}, first {a.per_size} each"
+    report["response_prefix"] = a.response_prefix.replace("\\n", "\n")
     if a.out:
         out = Path(a.out)
     elif run_cfg is not None:

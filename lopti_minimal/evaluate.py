@@ -63,12 +63,15 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
                      batch_size: int = 100, samples: int = 1, temperature: float = 0.7,
                      seed: int = 0, prompt_style: str = "auto", autocast_bf16: bool = False,
                      rollout_chunk: int = 0, progress: bool = True,
-                     keep_responses: bool = False) -> dict:
+                     keep_responses: bool = False, response_prefix: str = "") -> dict:
     """Evaluate ``model`` on ``records``; returns the report dict (see module docstring).
 
     max_new_tokens: an int, or {size: int} (default DEFAULT_MAX_NEW_TOKENS).
     batch_size: responses decoded together (prompts per batch = batch_size // samples).
     autocast_bf16: decode under CPU bf16 autocast (the tiny model's training numerics).
+    response_prefix: text the response is forced to start with (appended to the prompt;
+        scored as part of the response), e.g. "\n " to make the two-behaviour warm start
+        derive (behaviours.py): its derivations open with that token, its guesses with "\n".
     """
     from .models import kk_prompt
     from .reward import score_response
@@ -91,8 +94,8 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
     bar = tqdm(total=len(records), desc="evaluate", disable=not progress, file=sys.stderr, unit="puzzle")
     for n in sorted(by_size):
         recs = by_size[n]
-        ids = [tokenizer(kk_prompt(r, tokenizer, prompt_style), add_special_tokens=add_bos)["input_ids"]
-               for r in recs]
+        ids = [tokenizer(kk_prompt(r, tokenizer, prompt_style) + response_prefix,
+                         add_special_tokens=add_bos)["input_ids"] for r in recs]
         order = sorted(range(len(recs)), key=lambda i: len(ids[i]))
         per_batch = max(1, batch_size // samples)
         scores = [None] * len(recs)
@@ -107,7 +110,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
                                    temperature=None if greedy else temperature,
                                    eos_token_id=tokenizer.eos_token_id,
                                    pad_token_id=tokenizer.pad_token_id, generator=gen, greedy=greedy)
-            out = decode_responses(tokenizer, ro)
+            out = [response_prefix + t for t in decode_responses(tokenizer, ro)]
             lens = ro.response_mask.sum(1).long().tolist()
             for j, i in enumerate(chunk):
                 texts[i] = out[j * samples:(j + 1) * samples]

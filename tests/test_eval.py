@@ -36,6 +36,23 @@ def test_sampled_evaluation_reports_pass_at_k(nano):
     assert "pass_at_k" in rep["per_size"][3] and len(rep["responses"]) == 6
 
 
+def test_a_response_prefix_is_forced_and_scored_as_part_of_the_response(nano):
+    """response_prefix (eval.py --response-prefix): every response starts with it and is
+    scored with it; a prefix that holds a whole right answer makes the response right."""
+    from lopti_minimal import prompts
+    from lopti_minimal.reward import score_response
+    model, tok = nano
+    recs = kk.load_official([3])[:2]
+    right = "\n" + prompts.answer_block(recs[0]["solution_text_format"])
+    for prefix in ("\n ", right):
+        rep = evaluate_records(model, tok, recs, max_new_tokens=4, progress=False, keep_responses=True,
+                               response_prefix=prefix)
+        for x, r in zip(rep["responses"], recs):
+            assert x["response"].startswith(prefix)
+            assert x["reward"] == score_response(x["response"], r).total
+    assert score_response(right, recs[0]).total == 3.0
+
+
 def test_eval_cli_on_a_model_and_a_jsonl(nano_dir, tmp_path, capsys):
     data = tmp_path / "p.jsonl"
     kk.save_jsonl(kk.load_official([5])[:2], data)
