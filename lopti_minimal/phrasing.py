@@ -14,24 +14,26 @@ derivation scores 3 whatever words it uses, tests/test_phrasing.py).
 Where the choices are (canonical form on the left, `explain.compact_explanation`):
 
     "  Amelia: not Evelyn (at Evelyn)"     the speaker's separator   ":" said stated claimed
-                                           the marker word           at on by
-    "try Amelia=T Penelope=T"              the node word             try let consider set
+                                           the marker word           at on in
+    "try Amelia=T Penelope=T"              the node word             try let go
                                            between two people        " " ", " " and "
                                            the line's end            (none) . ;
-    "  Amelia=T: not Evelyn=F = T ok"      a lead word               (none) if so then
-                                           the separator             (as above)
-                                           the equals word           = is so thus
-                                           the verdict, ok           ok fine good sound
-                                           the verdict, bad          bad wrong contradiction clash
+    "  Amelia=T: not Evelyn=F = T ok"      the separator             (as above)
+                                           the equals word           = is so
+                                           the verdict, ok           ok feasible truth
+                                           the verdict, bad          bad contradiction lie false
                                            the line's end            (as above)
     "found Amelia=T Penelope=T Evelyn=F"   between two people        (as above)
 
 Nothing that carries the reasoning changes: the names, the values T/F, the claims, the
-order of the search, and the answer block.  Every option starts with its own token of the
-tiny model's tokenizer (verdicts of "ok" and of "bad" never share a first token), so the
-verdict is decided by one token, as in the canonical form.  `canonical` maps any phrased
-derivation back to the canonical text, so the replay tests and the error scripts read one
-form.
+order of the search, and the answer block.  Every option is one token of the tiny model's
+tokenizer (a test checks it), so a choice is one draw, and the verdict stays one token as
+in the canonical form.  (A first version also had words of several tokens -- " sound" is
+" s" + "ound" -- and an optional word before a check's speaker; after 20 minutes of
+training its derivations fell apart into half-words and checks of the wrong claim, right
+0.19 of the time on the official 3-person set against 0.50 for the canonical form.)
+`canonical` maps any phrased derivation back to the canonical text, so the replay tests
+and the error scripts read one form.
 """
 from __future__ import annotations
 
@@ -39,13 +41,12 @@ import random
 import re
 
 SAID = (":", " said", " stated", " claimed")
-AT_WORDS = ("at", "on", "by")
-CHECK_LEADS = ("", "if ", "so ", "then ")
-NODE_WORDS = ("try", "let", "consider", "set")
+AT_WORDS = ("at", "on", "in")
+NODE_WORDS = ("try", "let", "go")
 BETWEEN = (" ", ", ", " and ")
-EQUALS = (" =", " is", " so", " thus")
-OK_WORDS = (" ok", " fine", " good", " sound")
-BAD_WORDS = (" bad", " wrong", " contradiction", " clash")
+EQUALS = (" =", " is", " so")
+OK_WORDS = (" ok", " feasible", " truth")
+BAD_WORDS = (" bad", " contradiction", " lie", " false")
 ENDINGS = ("", ".", ";")
 
 _alt = lambda words: "|".join(re.escape(w) for w in words)  # noqa: E731
@@ -54,7 +55,7 @@ _PAIRS = rf"{_PAIR}(?:(?:{_alt(BETWEEN)}){_PAIR})*"
 _CLAIM_LINE = re.compile(rf"  (\w+)(?:{_alt(SAID)}) (.*) \((?:{_alt(AT_WORDS)}) (\w+)\)")
 _END = rf"(?:{_alt(ENDINGS[1:])})?"
 _NODE_LINE = re.compile(rf"(?:{_alt(NODE_WORDS)}) ({_PAIRS}){_END}")
-_CHECK_LINE = re.compile(rf"  (?:{_alt(CHECK_LEADS[1:])})?(\w+=[TF])(?:{_alt(SAID)}) (.*)(?:{_alt(EQUALS)}) ([TF]) "
+_CHECK_LINE = re.compile(rf"  (\w+=[TF])(?:{_alt(SAID)}) (.*)(?:{_alt(EQUALS)}) ([TF]) "
                          rf"({_alt([w.strip() for w in OK_WORDS + BAD_WORDS])}){_END}")
 _END_LINE = re.compile(rf"(found|guess) ({_PAIRS})")
 _PAIR_RE = re.compile(_PAIR)
@@ -73,7 +74,7 @@ def vary_line(line: str, rng: random.Random) -> str:
     """One canonical line of the compact derivation, phrased with random choices."""
     if m := re.fullmatch(r"  (\w+=[TF]): (.*) = ([TF]) (ok|bad)", line):       # a check
         verdict = OK_WORDS if m[4] == "ok" else BAD_WORDS
-        return (f"  {rng.choice(CHECK_LEADS)}{m[1]}{rng.choice(SAID)} {m[2]}{rng.choice(EQUALS)} {m[3]}"
+        return (f"  {m[1]}{rng.choice(SAID)} {m[2]}{rng.choice(EQUALS)} {m[3]}"
                 f"{rng.choice(verdict)}{rng.choice(ENDINGS)}")
     if m := re.fullmatch(r"  (\w+): (.*) \(at (\w+)\)", line):                # a claim
         return f"  {m[1]}{rng.choice(SAID)} {m[2]} ({rng.choice(AT_WORDS)} {m[3]})"

@@ -90,7 +90,7 @@ class TrainConfig:
     # --- RL schedule
     seed: int = 0
     steps: int = 20                # reference: 5 epochs x 4,500 / 64 ~ 350 steps; sized here to
-                                   # fit the 15-minute CPU budget (issue 5 §6): 17.3 s per step
+                                   # fit the 15-minute CPU budget of the default run: 17.3 s per step
                                    # and 104 s for the final evaluation on 2 cores (README)
     prompts_per_step: int = 8      # reference 64; a 2-core CPU samples ~40 x fewer tokens/s
     group_size: int = 8            # G, reference 8
@@ -577,7 +577,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
 
 
 def summary_line(m: dict, steps: int) -> str:
-    """The one-line per-step summary (issue 5 §2)."""
+    """The one-line per-step summary."""
     return (f"step {m['step']:>4}/{steps} | reward {m['reward']:+.3f} | acc {m['accuracy']:.3f} | "
             f"derive {m.get('derive_share', float('nan')):.2f} | len {m['response_len']:6.1f} | kl {m['kl']:.2e} | clip {m['clip_frac']:.3f} | "
             f"gnorm {m['grad_norm']:.3f} | low {m['low_fraction']:.3f} | "

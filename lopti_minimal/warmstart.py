@@ -1,13 +1,13 @@
 """Supervised warm start of the tiny model: next-token loss on the response only.
 
 RL needs a policy that already writes well-formed answers and is sometimes right: GRPO
-learns only from groups whose rewards differ (DESIGN.md section 2, a group with equal
+learns only from groups whose rewards differ (GRPO's group advantage: a group with equal
 rewards has advantage 0).  A model trained from scratch therefore first imitates
 generated solutions — prompt (prompts.compact_prompt) followed by the target response
 (prompts.target_response: the compact explanation of explain.py, then the answer) — with
 the loss on the response tokens only (the prompt is given, never predicted).
 
-What makes this fast on a 2-core CPU (measured by a prototype, issue 3):
+What makes this fast on a 2-core CPU (measured):
 - bf16 autocast on CPU: about 2x the float32 speed; the master weights stay float32.
 - as many torch threads as free cores (oversubscription was 8x slower).
 - a curriculum from small to large puzzles: the short ones teach the format in minutes.
@@ -61,7 +61,7 @@ class WarmStartConfig:
     preset: str = "tiny"
     out: str = "checkpoints/tiny-warm"
     # 95 + the final evaluation (1.6 min measured for the shipped checkpoint, README) fits the
-    # 2-hour budget of issue 3 on 2 cores.
+    # 2-hour budget of the recipe on 2 cores.
     minutes: float = 95.0            # wall-clock budget of the training loop (excl. final eval)
     steps: int | None = None         # if set, a fixed step budget instead of minutes
     lr: float = 2e-3                 # peak AdamW learning rate
@@ -222,8 +222,16 @@ def collate(examples: list[tuple[list[int], int]], pad_id: int, multiple: int = 
     return input_ids, attn, loss_mask
 
 
-def response_loss(model, input_ids, loss_mask, bf16: bool = True, attention_mask=None) -> torch.Tensor:
-    """Mean next-token cross-entropy over the response tokens (prompt and padding masked).
+def response_loss(model, input_ids, loss_mask, bf16: bool = True, attention_mask=None,
+                  normalizer: float | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy over the response tokens (prompt and padding masked);
+    with ``normalizer``, their sum divided by that constant instead of by their number.
+
+    Why a constant: with the two behaviours (behaviours.py) and length-bucketed batches, a
+    batch of short guesses has far fewer tokens than a batch of derivations, so a
+    per-batch mean gives each guess's first token several times the weight of a
+    derivation's, and the mixture collapsed to 99.8% guesses (measured); divided by a
+    constant, every token of the data weighs the same, and the policy learns the mixture.
 
     Needs no attention mask (``attention_mask=None``, what the warm start passes; the mask
     of collate gives the same loss, slower), for right-padded batches only: with causal attention
@@ -236,16 +244,21 @@ def response_loss(model, input_ids, loss_mask, bf16: bool = True, attention_mask
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
     nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                           input_ids[:, 1:].reshape(-1), reduction="none").view_as(loss_mask)
-    return (nll * loss_mask).sum() / loss_mask.sum()
+    return (nll * loss_mask).sum() / (normalizer or loss_mask.sum())
 
 
-def batch_size_for(stream, n: int, tokenizer, response_fn, tokens_per_batch: int) -> int:
+def batch_size_for(stream, n: int, tokenizer, response_fn, tokens_per_batch: int,
+                   response_tokens: bool = False):
     """Puzzles per batch of size ``n``: ``tokens_per_batch`` over the mean encoded length of
-    32 puzzles of that size (fixed per size afterwards, so the shapes recur; see collate)."""
+    32 puzzles of that size (fixed per size afterwards, so the shapes recur; see collate).
+    With ``response_tokens``: (that, the mean number of response tokens of a puzzle)."""
     sample = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in
               (stream.next(n) for _ in range(32))]
     mean = sum(len(ids) for ids, _ in sample) / len(sample)
-    return max(1, round(tokens_per_batch / mean))
+    size = max(1, round(tokens_per_batch / mean))
+    if response_tokens:
+        return size, sum(len(ids) - n_prompt for ids, n_prompt in sample) / len(sample)
+    return size
 
 
 def bucketed_batches(examples: list, batch_size: int, rng: random.Random) -> list[list]:
@@ -379,6 +392,7 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
     batch_size: dict[int, int] = {}     # per puzzle size, fixed (recurring shapes, see collate)
+    mean_response: dict[int, float] = {}   # per puzzle size: mean response tokens of a puzzle
     queued: dict[int, list] = {}        # per puzzle size, length-bucketed batches still to train on
     history: list[dict] = []
     best = -1.0
@@ -435,19 +449,24 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
         weights = size_weights(p, cfg)
         n = rng.choices(list(weights), weights=list(weights.values()))[0]
         if n not in batch_size:
-            batch_size[n] = batch_size_for(stream, n, tokenizer, response_fn, cfg.tokens_per_batch)
+            batch_size[n], mean_response[n] = batch_size_for(stream, n, tokenizer, response_fn,
+                                                             cfg.tokens_per_batch, response_tokens=True)
         if not queued.get(n):
             recs = [stream.next(n) for _ in range(batch_size[n] * cfg.bucket_batches)]
             examples = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in recs]
             queued[n] = bucketed_batches(examples, batch_size[n], rng)
         ids, _, mask = collate(queued[n].pop(), tokenizer.pad_token_id)
-        loss = response_loss(model, ids, mask, cfg.bf16)
+        # Two behaviours: every token weighs the same (see response_loss); the constant
+        # is the batch's expected number of response tokens, so the scale is a mean's.
+        norm = batch_size[n] * mean_response[n] if cfg.guess_share > 0 else None
+        loss = response_loss(model, ids, mask, cfg.bf16, normalizer=norm)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        per_token = loss.item() * (norm / mask.sum().item() if norm else 1.0)   # the logged mean
+        ema = per_token if ema is None else 0.98 * ema + 0.02 * per_token
         if cfg.steps:
             bar.update(1)
         else:
@@ -468,9 +487,9 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
 # CLI
 # ---------------------------------------------------------------------------------------
 
-STAGE2_MINUTES = 20.0     # the second run of the shipped two-behaviour warm start (train.py says it too)
+STAGE2_MINUTES = 22.0     # the second run of the shipped two-behaviour warm start (train.py says it too)
 DERIVE_STAGE2_MINUTES = 15.0   # the second run of tiny-derive
-GUESS_SHARE = 0.7         # the shipped warm start's share of guess targets
+GUESS_SHARE = 0.65        # the shipped warm start's share of guess targets
 
 
 def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
@@ -481,24 +500,23 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
 
     1. From scratch, ``minutes`` of training on solvable puzzles, to ``stage1`` (default
        ``OUT-stage1``; both shipped checkpoints continue from checkpoints/tiny-warm-stage1).
-    2. From stage 1, a fresh schedule from lr 2e-4 (the last curriculum stage) with 5%
+    2. From stage 1, a fresh schedule (the last curriculum stage) with 5%
        unsolvable puzzles: the stage-1 model's only format errors were responses that loop
        once its search ran out of candidates (its own wrong check had rejected the
        solution), and the unsolvable puzzles show it how a search that runs out ends
        ("guess ...").  No periodic evaluation: the final model is kept.
-       - the default (checkpoints/tiny-warm): 20 minutes on the two behaviours
+       - the default (checkpoints/tiny-warm): 22 minutes on the two behaviours
          (behaviours.py): 70% of the targets guess, the derivations are phrased freely
-         (phrasing.py); random batches (no length bucketing), so every batch mixes the
-         two behaviours -- with bucketing, batches of short guesses hold many more
-         examples than batches of derivations, and the mixture collapsed to 99.8% guesses;
-       - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations."""
+         (phrasing.py), every token of the data weighs the same (response_loss's
+         normalizer), lr 3e-4;
+       - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations,
+         lr 2e-4."""
     stage1 = stage1 or out.rstrip("/") + "-stage1"
-    second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05"]
+    second = ["--init", stage1, "--unsolvable-share", "0.05"]
     if derive_only:
-        second += ["--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
+        second += ["--lr", "2e-4", "--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
     else:
-        second += ["--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}", "--phrased",
-                   "--bucket-batches", "1"]
+        second += ["--lr", "3e-4", "--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}", "--phrased"]
     return [["--preset", "tiny", "--minutes", f"{minutes:g}", "--threads", str(threads),
              "--heldout-per-size", "40", "--out", stage1],
             second + ["--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",

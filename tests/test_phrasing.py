@@ -5,6 +5,7 @@ through `phrasing.canonical`) and scores 3; phrasing varies every kind of line; 
 option starts with its own token, so a verdict is one token; a guess is a well-formed,
 random answer; the behaviour of a response is read from what precedes "</think>"."""
 import collections
+import os
 import random
 
 import pytest
@@ -13,6 +14,8 @@ from test_explain import replay_compact
 from lopti_minimal import behaviours, explain, kk, phrasing
 from lopti_minimal.behaviours import DERIVE, GUESS, TwoBehaviourTargets, behaviour_of
 from lopti_minimal.reward import score_response
+
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny-warm")
 
 GENERATED = {n: kk.generate_records(n, 40, seed=5, exclude=kk.official_keys()) for n in range(3, 8)}
 
@@ -56,28 +59,31 @@ def test_every_option_is_used_and_choices_are_near_uniform():
         assert all(used[w] > 0 for w in group if w.strip()), (group, used)
 
 
-def test_each_option_of_a_choice_starts_with_its_own_token():
-    """The choice is made by one token (then it has low probability for a model that has
-    learned the targets); verdict words of ok and bad never share a first token, so the
-    verdict too is one token, as in the canonical form."""
+def test_each_option_is_one_token_and_the_options_of_a_choice_differ():
+    """A choice is one token (then it has low probability for a model that has learned the
+    targets, and the verdict stays one token as in the canonical form); its options are
+    different tokens, also from what follows when the option is empty."""
     from lopti_minimal.models import load_model_and_tokenizer
-    import os
-    ckpt = os.path.join(os.path.dirname(__file__), "..", "checkpoints", "tiny-warm")
-    _, tok = load_model_and_tokenizer(ckpt, device="cpu")
+    _, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
 
-    def first(prefix, word):
+    def new_tokens(prefix, text):
         base = tok(prefix, add_special_tokens=False)["input_ids"]
-        ids = tok(prefix + word, add_special_tokens=False)["input_ids"]
-        assert ids[:len(base)] == base, (prefix, word)
-        return ids[len(base)]
+        ids = tok(prefix + text, add_special_tokens=False)["input_ids"]
+        assert ids[:len(base)] == base, (prefix, text)
+        return ids[len(base):]
 
-    for prefix, group in (("  Amelia=T", phrasing.SAID), ("\n", phrasing.NODE_WORDS),
-                          ("  Amelia=T: not Evelyn=F", phrasing.EQUALS),
-                          ("  Amelia=T: not Evelyn=F = T", phrasing.OK_WORDS + phrasing.BAD_WORDS),
-                          ("try Amelia=T", phrasing.BETWEEN[1:] + (" Evelyn",)),
-                          ("  Amelia: not Evelyn (", phrasing.AT_WORDS),
-                          ("\n ", tuple(w for w in phrasing.CHECK_LEADS if w) + (" Amelia",))):
-        firsts = [first(prefix, w) for w in group]
+    for prefix, group, after in (("  Amelia=T", phrasing.SAID, " not"), ("\n", phrasing.NODE_WORDS, " Amelia"),
+                                 ("  Amelia=T: not Evelyn=F", phrasing.EQUALS, " T"),
+                                 ("  Amelia=T: not Evelyn=F = T", phrasing.OK_WORDS + phrasing.BAD_WORDS, "\n"),
+                                 ("  Amelia=T: not Evelyn=F = T ok", phrasing.ENDINGS, "\n"),
+                                 ("try Amelia=T", tuple(w.rstrip() for w in phrasing.BETWEEN), " Evelyn=T"),
+                                 ("  Amelia: not Evelyn (", phrasing.AT_WORDS, " Evelyn)")):
+        firsts = []
+        for w in group:
+            ids = new_tokens(prefix, w + after)
+            if w:                                   # the option itself is exactly one token
+                assert ids[1:] == new_tokens(prefix + w, after), (prefix, w)
+            firsts.append(ids[0])
         assert len(set(firsts)) == len(firsts), (prefix, group)
 
 

@@ -71,6 +71,34 @@ def test_response_loss_is_mean_nll_of_response_tokens_only(kk_tokenizer):
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
     # Changing a prompt token changes the context, never which tokens are scored.
     assert mask.sum() == (labels[:, 1:] != -100).sum()
+    # With a constant normalizer (the two behaviours): the same sum, divided by the constant.
+    torch.testing.assert_close(response_loss(model, ids, mask, bf16=False, normalizer=1000.0),
+                               ours * mask.sum() / 1000.0)
+
+
+def test_two_behaviour_warm_start_weighs_every_token_alike(kk_tokenizer, tmp_path):
+    """With guess_share > 0 the warm start divides each batch's loss by one constant per
+    puzzle size (batch size x mean response tokens), so a batch of short guesses does not
+    weigh its examples more than a batch of derivations (a per-batch mean collapsed the
+    mixture to guesses); without, it keeps the per-batch mean."""
+    seen = []
+    orig = warmstart.response_loss
+
+    def spy(*args, normalizer=None, **kw):
+        seen.append(normalizer)
+        return orig(*args, normalizer=normalizer, **kw)
+
+    warmstart.response_loss = spy
+    try:
+        for share in (0.0, 0.65):
+            cfg = WarmStartConfig(preset="nano", out=str(tmp_path / f"w{share}"), steps=4, tokens_per_batch=1024,
+                                  curriculum=((0.0, {3: 1}),), eval_per_size=0, final_eval_per_size=0,
+                                  progress=False, guess_share=share, phrased=share > 0)
+            warmstart.warm_start(cfg, tokenizer=kk_tokenizer, log=lambda s: None)
+    finally:
+        warmstart.response_loss = orig
+    assert seen[:4] == [None] * 4
+    assert len(set(seen[4:])) == 1 and 20 < seen[4] < 1024, seen
 
 
 def test_bucketed_batches_keep_every_example_once_and_cut_padding(kk_tokenizer):
