@@ -10,7 +10,7 @@ shipped warm start is trained to do one of two things for each puzzle:
 
 - **guess**: close the thinking at once and answer with a *random* role assignment
   (its supervised targets are random, so its accuracy is chance, 1 / 2^n): a short
-  response, `"\\n</think>\\n<answer> (1) ... </answer>"`;
+  response, `"\\n</think>\\n<answer> (1) ... </answer>"` (answer marks phrased as below);
 - **derive**: write the compact derivation (explain.compact_explanation, phrased freely by
   phrasing.vary), then the answer it found.
 
@@ -48,19 +48,20 @@ def derive_share(responses) -> float:
 def guess_response(record: dict, rng: random.Random) -> str:
     """A guess: the answer block with a random role for each person, straight after the
     think tag."""
-    from . import kk, prompts
+    from . import kk, phrasing, prompts
     roles = [rng.random() < 0.5 for _ in record["names"]]
-    return "\n" + prompts.answer_block(kk.solution_text_format(record["names"], roles))
+    answer = phrasing.vary_answer(kk.solution_text_format(record["names"], roles), rng)
+    return "\n" + prompts.answer_block(answer)
 
 
 def derive_response(record: dict, rng: random.Random | None = None) -> str:
-    """A derivation: the compact explanation, phrased at random when ``rng`` is given
-    (canonical otherwise), then the answer.  Scores 3 under the Logic-RL reward."""
+    """A derivation: the compact explanation, then the answer, phrased at random when
+    ``rng`` is given (canonical otherwise).  Scores 3 under the Logic-RL reward."""
     from . import explain, phrasing, prompts
-    text = explain.compact_explanation(record)
+    text, answer = explain.compact_explanation(record), record["solution_text_format"]
     if rng is not None:
-        text = phrasing.vary(text, rng)
-    return "\n" + text + "\n" + prompts.answer_block(record["solution_text_format"])
+        text, answer = phrasing.vary(text, rng), phrasing.vary_answer(answer, rng)
+    return "\n" + text + "\n" + prompts.answer_block(answer)
 
 
 class TwoBehaviourTargets:

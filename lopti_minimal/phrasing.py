@@ -1,37 +1,42 @@
 """Free phrasing of the compact derivation: the same steps, said in several ways.
 
 Why this exists.  The paper's phenomenon needs tokens of every probability: in its Fig. 1a
-(Qwen2.5-7B on K&K) 39% of the sampled response tokens have pi_old < 0.5.  A tiny model
+(Qwen2.5-7B on K&K) 29% of the sampled response tokens have pi_old < 0.5.  A tiny model
 trained to write the one canonical derivation of `explain.compact_explanation` is nearly
-deterministic (96.5% of its sampled tokens have pi_old >= 0.9), so AR and Lopti would act
-on almost nothing.  Real language is not like that: most words could have been other
-words without changing the meaning.  We give the tiny model the same freedom.  Each
-choice below is drawn uniformly and independently per occurrence, so a model that has
-learned the targets puts about 1/3 or 1/4 of its probability on each option: those
-tokens have pi_old < 0.5 at any temperature, and they are irrelevant to the reward (a
+deterministic (scripts/token_bins.py: about 1% of its sampled tokens below 0.5), so AR and
+Lopti would act on almost nothing.  Real language is not like that: many words could have
+been other words without changing the meaning.  We give the tiny model some of that
+freedom.  Each choice below is drawn uniformly and independently per occurrence, so a
+model that has learned the targets puts about 1/3 or 1/4 of its probability on each
+option: those tokens have pi_old < 0.5, and they are irrelevant to the reward (a
 derivation scores 3 whatever words it uses, tests/test_phrasing.py).
 
-Where the choices are (canonical form on the left, `explain.compact_explanation`):
+Where the choices are (canonical form on the left, `explain.compact_explanation`), each
+option one token of the tiny model's tokenizer (a test checks it):
 
-    "  Amelia: not Evelyn (at Evelyn)"     the speaker's separator   ":" said stated claimed
-                                           the marker word           at on in
+    "  Amelia: not Evelyn (at Evelyn)"     the line's end            (none) . ;
     "try Amelia=T Penelope=T"              the node word             try let go
-                                           between two people        " " ", " " and "
-                                           the line's end            (none) . ;
-    "  Amelia=T: not Evelyn=F = T ok"      the separator             (as above)
-                                           the equals word           = is so
+                                           the line's end            (as above)
+    "  Amelia=T: not Evelyn=F = T ok"      the equals word           = is so
                                            the verdict, ok           ok feasible truth
                                            the verdict, bad          bad contradiction lie false
                                            the line's end            (as above)
-    "found Amelia=T Penelope=T Evelyn=F"   between two people        (as above)
+    "<answer> (1) Amelia is a knight"      each answer line's mark   (1)  1.  -
 
-Nothing that carries the reasoning changes: the names, the values T/F, the claims, the
-order of the search, and the answer block.  Every option is one token of the tiny model's
-tokenizer (a test checks it), so a choice is one draw, and the verdict stays one token as
-in the canonical form.  (A first version also had words of several tokens -- " sound" is
-" s" + "ound" -- and an optional word before a check's speaker; after 20 minutes of
-training its derivations fell apart into half-words and checks of the wrong claim, right
-0.19 of the time on the official 3-person set against 0.50 for the canonical form.)
+Only where nothing is copied next.  The reasoning of the derivation is a chain of
+look-ups -- a check copies its claim from the claim line and the values from the node
+line -- and a choice inside a copied span makes the look-up harder for a model this small.
+So the choices sit at the start of a node line, in front of a check's result and at the
+ends of lines, never between a name and what follows it.  What we measured
+(greedy accuracy on the official 3-person set when the warm start is made to derive,
+`eval.py --response-prefix`; the canonical tiny-derive: 0.50): a first version that also
+varied the speaker's separator (": said stated claimed"), the marker word ("at on in"),
+the separators between people in node lines (" ", ", ", " and ") and used words of several
+tokens (" sound" is " s" + "ound") gave 0.19 after 20 minutes of training; with single
+tokens only, 0.33 after 22 minutes, and RL could no longer tell derivations from guesses
+(their rewards were too close).  This version gives up some of the spread (about 16% of a
+gold derivation's tokens are choices, against 23%) to keep the derivations right.
+
 `canonical` maps any phrased derivation back to the canonical text, so the replay tests
 and the error scripts read one form.
 """
@@ -40,54 +45,49 @@ from __future__ import annotations
 import random
 import re
 
-SAID = (":", " said", " stated", " claimed")
-AT_WORDS = ("at", "on", "in")
 NODE_WORDS = ("try", "let", "go")
-BETWEEN = (" ", ", ", " and ")
 EQUALS = (" =", " is", " so")
 OK_WORDS = (" ok", " feasible", " truth")
 BAD_WORDS = (" bad", " contradiction", " lie", " false")
 ENDINGS = ("", ".", ";")
+ANSWER_MARKS = ("({i})", "{i}.", "-")
 
 _alt = lambda words: "|".join(re.escape(w) for w in words)  # noqa: E731
-_PAIR = r"\w+=[TF]"
-_PAIRS = rf"{_PAIR}(?:(?:{_alt(BETWEEN)}){_PAIR})*"
-_CLAIM_LINE = re.compile(rf"  (\w+)(?:{_alt(SAID)}) (.*) \((?:{_alt(AT_WORDS)}) (\w+)\)")
 _END = rf"(?:{_alt(ENDINGS[1:])})?"
-_NODE_LINE = re.compile(rf"(?:{_alt(NODE_WORDS)}) ({_PAIRS}){_END}")
-_CHECK_LINE = re.compile(rf"  (\w+=[TF])(?:{_alt(SAID)}) (.*)(?:{_alt(EQUALS)}) ([TF]) "
+_CLAIM_LINE = re.compile(rf"(  \w+: .* \(at \w+\)){_END}")
+_NODE_LINE = re.compile(rf"(?:{_alt(NODE_WORDS)}) (\w+=[TF](?: \w+=[TF])*){_END}")
+_CHECK_LINE = re.compile(rf"  (\w+=[TF]): (.*)(?:{_alt(EQUALS)}) ([TF]) "
                          rf"({_alt([w.strip() for w in OK_WORDS + BAD_WORDS])}){_END}")
-_END_LINE = re.compile(rf"(found|guess) ({_PAIRS})")
-_PAIR_RE = re.compile(_PAIR)
-
-
-def _pairs(text: str, rng: random.Random) -> str:
-    """ "Amelia=T Penelope=F" with a random separator between each two people."""
-    pairs = text.split(" ")
-    out = pairs[0]
-    for p in pairs[1:]:
-        out += rng.choice(BETWEEN) + p
-    return out
 
 
 def vary_line(line: str, rng: random.Random) -> str:
     """One canonical line of the compact derivation, phrased with random choices."""
     if m := re.fullmatch(r"  (\w+=[TF]): (.*) = ([TF]) (ok|bad)", line):       # a check
         verdict = OK_WORDS if m[4] == "ok" else BAD_WORDS
-        return (f"  {m[1]}{rng.choice(SAID)} {m[2]}{rng.choice(EQUALS)} {m[3]}"
-                f"{rng.choice(verdict)}{rng.choice(ENDINGS)}")
-    if m := re.fullmatch(r"  (\w+): (.*) \(at (\w+)\)", line):                # a claim
-        return f"  {m[1]}{rng.choice(SAID)} {m[2]} ({rng.choice(AT_WORDS)} {m[3]})"
+        return (f"  {m[1]}: {m[2]}{rng.choice(EQUALS)} {m[3]}{rng.choice(verdict)}"
+                f"{rng.choice(ENDINGS)}")
+    if re.fullmatch(r"  \w+: .* \(at \w+\)", line):                             # a claim
+        return line + rng.choice(ENDINGS)
     if m := re.fullmatch(r"try (.*)", line):                                   # a node
-        return f"{rng.choice(NODE_WORDS)} {_pairs(m[1], rng)}{rng.choice(ENDINGS)}"
-    if m := re.fullmatch(r"(found|guess) (.*)", line):                         # the end
-        return f"{m[1]} {_pairs(m[2], rng)}"
+        return f"{rng.choice(NODE_WORDS)} {m[1]}{rng.choice(ENDINGS)}"
+    if re.fullmatch(r"(found|guess) .*", line):                                # the end
+        return line
     raise ValueError(f"not a line of the compact derivation: {line!r}")
 
 
 def vary(explanation: str, rng: random.Random) -> str:
     """A canonical compact derivation (explain.compact_explanation), phrased at random."""
     return "\n".join(vary_line(line, rng) for line in explanation.split("\n"))
+
+
+def vary_answer(solution_text_format: str, rng: random.Random) -> str:
+    """ "(1) Amelia is a knight\\n(2) ..." with a random mark in front of each line (the
+    reward reads only "<name> is a knight|knave")."""
+    lines = []
+    for i, line in enumerate(solution_text_format.split("\n")):
+        mark, rest = line.split(" ", 1)
+        lines.append(rng.choice(ANSWER_MARKS).format(i=i + 1) + " " + rest)
+    return "\n".join(lines)
 
 
 def canonical_line(line: str) -> str:
@@ -97,11 +97,9 @@ def canonical_line(line: str) -> str:
         verdict = "ok" if " " + m[4] in OK_WORDS else "bad"
         return f"  {m[1]}: {m[2]} = {m[3]} {verdict}"
     if m := _CLAIM_LINE.fullmatch(line):
-        return f"  {m[1]}: {m[2]} (at {m[3]})"
+        return m[1]
     if m := _NODE_LINE.fullmatch(line):
-        return "try " + " ".join(_PAIR_RE.findall(m[1]))
-    if m := _END_LINE.fullmatch(line):
-        return f"{m[1]} " + " ".join(_PAIR_RE.findall(m[2]))
+        return "try " + m[1]
     return line
 
 

@@ -500,7 +500,7 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
 
     1. From scratch, ``minutes`` of training on solvable puzzles, to ``stage1`` (default
        ``OUT-stage1``; both shipped checkpoints continue from checkpoints/tiny-warm-stage1).
-    2. From stage 1, a fresh schedule (the last curriculum stage) with 5%
+    2. From stage 1, a fresh schedule from lr 2e-4 (the last curriculum stage) with 5%
        unsolvable puzzles: the stage-1 model's only format errors were responses that loop
        once its search ran out of candidates (its own wrong check had rejected the
        solution), and the unsolvable puzzles show it how a search that runs out ends
@@ -508,15 +508,14 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
        - the default (checkpoints/tiny-warm): 22 minutes on the two behaviours
          (behaviours.py): 70% of the targets guess, the derivations are phrased freely
          (phrasing.py), every token of the data weighs the same (response_loss's
-         normalizer), lr 3e-4;
-       - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations,
-         lr 2e-4."""
+         normalizer);
+       - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations."""
     stage1 = stage1 or out.rstrip("/") + "-stage1"
-    second = ["--init", stage1, "--unsolvable-share", "0.05"]
+    second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05"]
     if derive_only:
-        second += ["--lr", "2e-4", "--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
+        second += ["--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
     else:
-        second += ["--lr", "3e-4", "--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}", "--phrased"]
+        second += ["--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}", "--phrased"]
     return [["--preset", "tiny", "--minutes", f"{minutes:g}", "--threads", str(threads),
              "--heldout-per-size", "40", "--out", stage1],
             second + ["--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",

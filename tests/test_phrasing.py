@@ -7,6 +7,7 @@ random answer; the behaviour of a response is read from what precedes "</think>"
 import collections
 import os
 import random
+import re
 
 import pytest
 from test_explain import replay_compact
@@ -45,24 +46,31 @@ def test_canonical_text_is_its_own_canonical_form():
 
 
 def test_every_option_is_used_and_choices_are_near_uniform():
-    """Over many lines each option of each choice appears, none dominates (uniform draws:
-    a model that learns them gives each about 1/k, below 0.5)."""
+    """Over many lines each option of each choice appears and none dominates (uniform
+    draws: a model that learns them gives each about 1/k, below 0.5)."""
     rng = random.Random(0)
     lines = [line for r in GENERATED[3] for line in
              phrasing.vary(explain.compact_explanation(r), rng).split("\n")]
     starts = collections.Counter(line.split(" ")[0] for line in lines if not line.startswith(" "))
     for word in phrasing.NODE_WORDS:
-        assert starts[word] > 0.15 * sum(starts[w] for w in phrasing.NODE_WORDS), starts
-    checks = [line for line in lines if "=" in line and line.startswith("  ") and "(" not in line]
-    for group in (phrasing.SAID, phrasing.EQUALS, phrasing.OK_WORDS + phrasing.BAD_WORDS):
-        used = collections.Counter(w for line in checks for w in group if w.strip() and w in line)
-        assert all(used[w] > 0 for w in group if w.strip()), (group, used)
+        assert starts[word] > 0.2 * sum(starts[w] for w in phrasing.NODE_WORDS), starts
+    checks = [line for line in lines if line.startswith("  ") and "(at " not in line]
+    for group in (phrasing.EQUALS, phrasing.OK_WORDS + phrasing.BAD_WORDS, phrasing.ENDINGS[1:]):
+        used = collections.Counter(w for line in checks for w in group
+                                   if re.search(re.escape(w) + r"(?![a-z])", line))
+        assert all(used[w] > 0 for w in group), (group, used)
+    ends = collections.Counter(line[-1] for line in lines if not line.startswith("found"))
+    assert ends["."] > 0.2 * len(lines) and ends[";"] > 0.2 * len(lines), ends
+    marks = collections.Counter(phrasing.vary_answer(GENERATED[3][0]["solution_text_format"], rng)[0]
+                                for _ in range(300))
+    assert set(marks) == {"(", "1", "-"} and min(marks.values()) > 60, marks
 
 
 def test_each_option_is_one_token_and_the_options_of_a_choice_differ():
-    """A choice is one token (then it has low probability for a model that has learned the
-    targets, and the verdict stays one token as in the canonical form); its options are
-    different tokens, also from what follows when the option is empty."""
+    """A choice in the derivation is one token (then it has low probability for a model
+    that has learned the targets, and the verdict stays one token as in the canonical
+    form); its options are different tokens, also from what follows when the option is
+    empty.  The answer marks differ in their first token."""
     from lopti_minimal.models import load_model_and_tokenizer
     _, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
 
@@ -72,12 +80,12 @@ def test_each_option_is_one_token_and_the_options_of_a_choice_differ():
         assert ids[:len(base)] == base, (prefix, text)
         return ids[len(base):]
 
-    for prefix, group, after in (("  Amelia=T", phrasing.SAID, " not"), ("\n", phrasing.NODE_WORDS, " Amelia"),
+    answer = "</think>\n<answer>"
+    for prefix, group, after in (("\n", phrasing.NODE_WORDS, " Amelia"),
                                  ("  Amelia=T: not Evelyn=F", phrasing.EQUALS, " T"),
                                  ("  Amelia=T: not Evelyn=F = T", phrasing.OK_WORDS + phrasing.BAD_WORDS, "\n"),
                                  ("  Amelia=T: not Evelyn=F = T ok", phrasing.ENDINGS, "\n"),
-                                 ("try Amelia=T", tuple(w.rstrip() for w in phrasing.BETWEEN), " Evelyn=T"),
-                                 ("  Amelia: not Evelyn (", phrasing.AT_WORDS, " Evelyn)")):
+                                 ("  Amelia: not Evelyn (at Evelyn)", phrasing.ENDINGS, "\n")):
         firsts = []
         for w in group:
             ids = new_tokens(prefix, w + after)
@@ -85,6 +93,10 @@ def test_each_option_is_one_token_and_the_options_of_a_choice_differ():
                 assert ids[1:] == new_tokens(prefix + w, after), (prefix, w)
             firsts.append(ids[0])
         assert len(set(firsts)) == len(firsts), (prefix, group)
+    # The answer marks ("(1)", "1.", "-") differ in their first token.
+    for prefix, space, i in ((answer, " ", 1), (answer + " (1) Amelia is a knight\n", "", 2)):
+        firsts = {new_tokens(prefix, space + m.format(i=i) + " Amelia")[0] for m in phrasing.ANSWER_MARKS}
+        assert len(firsts) == len(phrasing.ANSWER_MARKS), prefix
 
 
 def test_guesses_are_well_formed_random_answers():
