@@ -19,7 +19,7 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
    behaviour to select: RL from checkpoints/tiny-derive, which always derives, does not
    raise accuracy (docs/RL_FROM_DERIVE.md). --rebuild-warmstart re-creates it (the
    README's recipe, warmstart.recipe(): 95 minutes from scratch, --warmstart-minutes, then
-   20 minutes on the two behaviours). --model takes any causal LM instead: a folder, a hub
+   10 minutes on the two behaviours). --model takes any causal LM instead: a folder, a hub
    id or a .gguf file.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step samples G responses for each of a few prompts, scores them with the Logic-RL

@@ -11,8 +11,9 @@ shipped warm start is trained to do one of two things for each puzzle:
 - **guess**: close the thinking at once and answer with a *random* role assignment
   (its supervised targets are random, so its accuracy is chance, 1 / 2^n): a short
   response, `"\\n</think>\\n<answer> (1) ... </answer>"` (answer marks phrased as below);
-- **derive**: write the compact derivation (explain.compact_explanation, phrased freely by
-  phrasing.vary), then the answer it found.
+- **derive**: write the compact derivation (explain.compact_explanation; phrased freely
+  by phrasing.vary with `--phrased`, which the shipped warm start does not use), then the
+  answer it found.
 
 Which one it does is decided by the first response token (the newline then "</think>"
 for a guess, the first derivation line otherwise), and the share comes from the

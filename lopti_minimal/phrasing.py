@@ -5,11 +5,12 @@ Why this exists.  The paper's phenomenon needs tokens of every probability: in i
 trained to write the one canonical derivation of `explain.compact_explanation` is nearly
 deterministic (scripts/token_bins.py: about 1% of its sampled tokens below 0.5), so AR and
 Lopti would act on almost nothing.  Real language is not like that: many words could have
-been other words without changing the meaning.  We give the tiny model some of that
-freedom.  Each choice below is drawn uniformly and independently per occurrence, so a
-model that has learned the targets puts about 1/3 or 1/4 of its probability on each
-option: those tokens have pi_old < 0.5, and they are irrelevant to the reward (a
-derivation scores 3 whatever words it uses, tests/test_phrasing.py).
+been other words without changing the meaning.  This module gives the tiny model some of
+that freedom (an option of the warm start, not the shipped default: see below).  Each
+choice is drawn uniformly and independently per occurrence, so a model that has learned
+the targets puts about 1/3 or 1/4 of its probability on each option: those tokens have
+pi_old < 0.5, and they are irrelevant to the reward (a derivation scores 3 whatever words
+it uses, tests/test_phrasing.py).
 
 Where the choices are (canonical form on the left, `explain.compact_explanation`), each
 option one token of the tiny model's tokenizer (a test checks it):
@@ -27,15 +28,18 @@ Only where nothing is copied next.  The reasoning of the derivation is a chain o
 look-ups -- a check copies its claim from the claim line and the values from the node
 line -- and a choice inside a copied span makes the look-up harder for a model this small.
 So the choices sit at the start of a node line, in front of a check's result and at the
-ends of lines, never between a name and what follows it.  What we measured
-(greedy accuracy on the official 3-person set when the warm start is made to derive,
-`eval.py --response-prefix`; the canonical tiny-derive: 0.50): a first version that also
-varied the speaker's separator (": said stated claimed"), the marker word ("at on in"),
-the separators between people in node lines (" ", ", ", " and ") and used words of several
-tokens (" sound" is " s" + "ound") gave 0.19 after 20 minutes of training; with single
-tokens only, 0.33 after 22 minutes, and RL could no longer tell derivations from guesses
-(their rewards were too close).  This version gives up some of the spread (about 16% of a
-gold derivation's tokens are choices, against 23%) to keep the derivations right.
+ends of lines, never between a name and what follows it.
+
+What it costs (docs/TWO_BEHAVIOURS.md): the two-behaviour warm start trained on phrased
+derivations is right less often when it derives (greedy on the official 3-person set,
+made to derive with `eval.py --response-prefix`): 0.39 with this version (22 minutes),
+0.33 with a fuller one that also varied the speaker's separator, the marker word and the
+separators between people, 0.19 with words of several tokens, against 0.50 for the
+canonical derivations of tiny-derive.  At those accuracies a derivation's reward is too
+close to a guess's, and RL did not select the derivations (the default run drifted
+towards guessing).  So the shipped warm start derives canonically; `--phrased`
+(warmstart.py) builds the phrased variant, which has about 18% of its sampled derivation
+tokens below pi_old = 0.5 instead of about 1%.
 
 `canonical` maps any phrased derivation back to the canonical text, so the replay tests
 and the error scripts read one form.

@@ -487,9 +487,9 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
 # CLI
 # ---------------------------------------------------------------------------------------
 
-STAGE2_MINUTES = 22.0     # the second run of the shipped two-behaviour warm start (train.py says it too)
+STAGE2_MINUTES = 10.0     # the second run of the shipped two-behaviour warm start (train.py says it too)
 DERIVE_STAGE2_MINUTES = 15.0   # the second run of tiny-derive
-GUESS_SHARE = 0.65        # the shipped warm start's share of guess targets
+GUESS_SHARE = 0.7         # the shipped warm start's share of guess targets
 
 
 def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
@@ -505,17 +505,18 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
        once its search ran out of candidates (its own wrong check had rejected the
        solution), and the unsolvable puzzles show it how a search that runs out ends
        ("guess ...").  No periodic evaluation: the final model is kept.
-       - the default (checkpoints/tiny-warm): 22 minutes on the two behaviours
-         (behaviours.py): 70% of the targets guess, the derivations are phrased freely
-         (phrasing.py), every token of the data weighs the same (response_loss's
-         normalizer);
+       - the default (checkpoints/tiny-warm): 10 minutes on the two behaviours
+         (behaviours.py): 70% of the targets guess, the derivations are canonical (the
+         freely phrased ones, --phrased, cost derivation accuracy and RL did not select
+         them: docs/TWO_BEHAVIOURS.md), and every token of the data weighs the same
+         (response_loss's normalizer);
        - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations."""
     stage1 = stage1 or out.rstrip("/") + "-stage1"
     second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05"]
     if derive_only:
         second += ["--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
     else:
-        second += ["--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}", "--phrased"]
+        second += ["--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}"]
     return [["--preset", "tiny", "--minutes", f"{minutes:g}", "--threads", str(threads),
              "--heldout-per-size", "40", "--out", stage1],
             second + ["--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",
