@@ -108,9 +108,10 @@ class TrainConfig:
 
     # --- optimisation (grpo.GRPOConfig; the reference values are its defaults)
     lr: float = 1e-4               # reference 1e-6 is for 3B/7B models; a ~3.4M-parameter model
-                                   # needs a far larger step. NOT yet tuned on the shipped warm
-                                   # start: at 2e-4 a 9-minute warm start drifted to a k3 KL of
-                                   # 0.38/token in 6 steps, so this starts lower
+                                   # needs a far larger step. From the shipped warm start it
+                                   # selects the derivations within about 10 steps at a k3 KL
+                                   # of ~0.02/token (docs/TWO_BEHAVIOURS.md); at 2e-4 an early
+                                   # warm start drifted to 0.38/token in 6 steps
     weight_decay: float = 0.01     # verl AdamW default
     grad_clip: float = 1.0         # reference
     eps_low: float = 0.20          # reference clip range, asymmetric ("clip-higher")
