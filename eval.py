@@ -110,14 +110,15 @@ def main(argv=None) -> int:
     style = run_cfg["prompt_style"] if run_cfg else "auto"
     print(f"[eval] {source} on {len(records)} puzzles ({tag}), "
           f"{'greedy' if a.samples == 1 else f'{a.samples} samples at T={a.temperature}'}")
+    prefix = a.response_prefix.replace("\\n", "\n")              # the shell passes "\n" literally
     report = evaluate_records(model, tok, records, max_new_tokens=budget, batch_size=a.batch_size,
                               samples=a.samples, temperature=a.temperature, seed=a.seed,
                               prompt_style=style, autocast_bf16=not a.no_bf16,
                               progress=not a.no_progress, keep_responses=a.save_responses,
-                              response_prefix=a.response_prefix.replace("\\n", "\n"))
+                              response_prefix=prefix)
     report["model"] = source
     report["data"] = a.data or f"official sizes {a.sizes}, first {a.per_size} each"
-    report["response_prefix"] = a.response_prefix.replace("\\n", "\n")
+    report["response_prefix"] = prefix
     if a.out:
         out = Path(a.out)
     elif run_cfg is not None:

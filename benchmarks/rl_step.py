@@ -1,4 +1,4 @@
-"""RL-step speed and memory figures (issue 9): printed figures, not timed tests.
+"""RL-step speed and memory figures: printed figures, not timed tests.
 
     python benchmarks/rl_step.py                                   # tiny-warm, all parts
     python benchmarks/rl_step.py --preset smollm2-cpu --model models/smollm2-135m-instruct

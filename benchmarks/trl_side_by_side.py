@@ -1,5 +1,5 @@
-"""Seconds per GRPO step: ours against TRL's GRPOTrainer, same model, same work, one run
-(issue 9, item 2). A printed figure, not a test.
+"""Seconds per GRPO step: ours against TRL's GRPOTrainer, same model, same work, one run.
+A printed figure, not a test.
 
 TRL is NOT a dependency of the project: install it into a separate environment from its
 own requirements file (the main venv stays untouched):

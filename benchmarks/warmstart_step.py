@@ -1,4 +1,4 @@
-"""Warm-start step time: what padding and the attention mask cost (issue 3): printed figures.
+"""Warm-start step time: what padding and the attention mask cost: printed figures.
 
     python benchmarks/warmstart_step.py                 # tiny preset, 2 threads, sizes 3 4 5
     python benchmarks/warmstart_step.py --threads 1 --sizes 3 --batches 6 --json out.json
