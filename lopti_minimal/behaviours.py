@@ -59,10 +59,10 @@ def derive_response(record: dict, rng: random.Random | None = None) -> str:
     """A derivation: the compact explanation, then the answer, phrased at random when
     ``rng`` is given (canonical otherwise).  Scores 3 under the Logic-RL reward."""
     from . import explain, phrasing, prompts
-    text, answer = explain.compact_explanation(record), record["solution_text_format"]
-    if rng is not None:
-        text, answer = phrasing.vary(text, rng), phrasing.vary_answer(answer, rng)
-    return "\n" + text + "\n" + prompts.answer_block(answer)
+    if rng is None:
+        return prompts.target_response(record, "compact")       # the canonical target
+    text = phrasing.vary(explain.compact_explanation(record), rng)
+    return "\n" + text + "\n" + prompts.answer_block(phrasing.vary_answer(record["solution_text_format"], rng))
 
 
 class TwoBehaviourTargets:
