@@ -67,8 +67,12 @@ def parse_args(argv=None):
                                  formatter_class=HelpFormatter)
     ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(PRESETS)}")
     ap.add_argument("--method", help=f"one of: {', '.join(METHODS)} (default ar_lopti)")
-    ap.add_argument("--alpha", type=float, help="AR strength, paper Eq. 4, in [0, 1] (default 0.3)")
-    ap.add_argument("--eta", type=float, help="Lopti probability threshold, in (0, 1] (default 0.5)")
+    ap.add_argument("--alpha", type=float, help="AR strength, paper Eq. 4, in [0, 1] (default: the "
+                    "paper's for the method, 0.2 for ar, 0.3 for ar_lopti)")
+    ap.add_argument("--eta", type=float, help="Lopti probability threshold, in (0, 1] (default: the "
+                    "paper's for the method, 0.4 for lopti, 0.5 for ar_lopti)")
+    ap.add_argument("--ppo-epochs", type=int, help="optimizer passes over each rollout (default 1; "
+                    "2 = the study's control arm)")
     ap.add_argument("--lopti-order", choices=("low_first", "high_first"),
                     help="Lopti stage order (default low_first, Algorithm 1; high_first is the ablation)")
     ap.add_argument("--seed", type=int)
@@ -114,7 +118,7 @@ def build_config(a):
     if a.resume:
         return resume_config(a.resume, steps=a.steps, progress=not a.no_progress)
     return make_config(
-        a.preset, method=a.method, alpha=a.alpha, eta=a.eta, lopti_order=a.lopti_order, seed=a.seed, group_size=a.group_size,
+        a.preset, method=a.method, alpha=a.alpha, eta=a.eta, lopti_order=a.lopti_order, ppo_epochs=a.ppo_epochs, seed=a.seed, group_size=a.group_size,
         prompts_per_step=a.prompts_per_step, lr=a.lr, steps=a.steps, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, max_prompt_len=a.max_prompt_len, model=a.model,
         rl_sizes=a.rl_sizes, rl_data=a.data, run_dir=a.run_dir, eval_every=a.eval_every, save_every=a.save_every,

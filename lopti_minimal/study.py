@@ -115,6 +115,7 @@ from .trainer import ROOT, TrainError
 DEFAULT_OUT = "runs/study"
 DEFAULT_REPORT = "docs/RESULTS.md"
 DEFAULT_FIGURES = "docs/figures"
+DEFAULT_HELDOUT = "data/heldout3.jsonl"
 HAND_BEGIN = "<!-- BEGIN HAND-WRITTEN: study.py keeps this block when it regenerates the file -->"
 HAND_END = "<!-- END HAND-WRITTEN -->"
 
@@ -135,6 +136,7 @@ class Variant:
     alpha: float | None = None        # AR strength (paper Eq. 4), AR methods only
     eta: float | None = None          # Lopti threshold on pi_old, Lopti methods only
     order: str = "low_first"          # Lopti stage order, Lopti methods only
+    passes: int = 1                   # optimizer passes over each rollout (ppo_epochs)
 
     def __post_init__(self):
         m = self.method
@@ -149,6 +151,9 @@ class Variant:
         object.__setattr__(self, "alpha", float(self.alpha) if ar and self.alpha is not None else None)
         object.__setattr__(self, "eta", float(self.eta) if lopti and self.eta is not None else None)
         object.__setattr__(self, "order", self.order if lopti else "low_first")
+        object.__setattr__(self, "passes", int(self.passes))
+        if self.passes < 1:
+            raise StudyError(f"passes must be >= 1, got {self.passes}")
 
     @property
     def name(self) -> str:
@@ -160,6 +165,8 @@ class Variant:
             s += f"-e{self.eta:g}"
         if self.order != "low_first":
             s += f"-{self.order}"
+        if self.passes != 1:
+            s += f"-x{self.passes}"
         return s
 
     @property
@@ -167,7 +174,8 @@ class Variant:
         base = {"grpo": "GRPO", "ar": "GRPO+AR", "lopti": "GRPO+Lopti", "ar_lopti": "GRPO+AR+Lopti"}[self.method]
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
-                (["high first"] if self.order == "high_first" else [])
+                (["high first"] if self.order == "high_first" else []) + \
+                ([f"{self.passes} optimizer steps per rollout"] if self.passes != 1 else [])
         return f"{base} ({', '.join(knobs)})" if knobs else base
 
     def overrides(self) -> dict:
@@ -180,19 +188,31 @@ class Variant:
             d["eta"] = self.eta
         if self.order != "low_first":
             d["lopti_order"] = self.order
+        if self.passes != 1:
+            d["ppo_epochs"] = self.passes
         return d
 
     @classmethod
     def from_config(cls, cfg: dict) -> "Variant":
         """The variant a run config (run.json["config"]) belongs to."""
-        return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), cfg.get("lopti_order", "low_first"))
+        return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), cfg.get("lopti_order", "low_first"),
+                   cfg.get("ppo_epochs", 1))
 
 
 GRPO = Variant("grpo")
-# The paper's K&K settings per method (DESIGN.md §2): the rows of its table.
-MAIN = (GRPO, Variant("ar", alpha=0.2), Variant("lopti", eta=0.4), Variant("ar_lopti", alpha=0.3, eta=0.5))
+# The paper's K&K settings per method (trainer.PAPER_SETTINGS, the table `train.py --method`
+# uses): the rows of its results table.
+_ps = trainer.paper_settings
+MAIN = (GRPO, Variant("ar", alpha=_ps("ar")["alpha"]), Variant("lopti", eta=_ps("lopti")["eta"]),
+        Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"]))
+# The control arm: GRPO with two optimizer steps per rollout on the same samples (two passes,
+# ppo_epochs = 2). Lopti makes two AdamW steps per rollout where GRPO makes one, and AdamW
+# normalises each step, so part of a Lopti gain could be the extra step rather than the
+# isolation. The paper does not control for this.
+GRPO_X2 = Variant("grpo", passes=2)
 GRIDS: dict[str, tuple[Variant, ...]] = {
     "main": MAIN,
+    "control": (GRPO, GRPO_X2, Variant("lopti", eta=_ps("lopti")["eta"])),
     # alpha = 0 is GRPO (canonicalised), alpha = 0.2 is the main grid's AR.
     "alpha": tuple(Variant("ar", alpha=a) for a in (0.0, 0.1, 0.2, 0.3, 0.5)),
     # eta = 0.4 is the main grid's Lopti; GRPO is the baseline of the comparison.
@@ -200,6 +220,7 @@ GRIDS: dict[str, tuple[Variant, ...]] = {
     "order": (GRPO, Variant("lopti", eta=0.4), Variant("lopti", eta=0.4, order="high_first")),
 }
 GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
+               "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",
                "alpha": "Sweep: AR strength alpha (GRPO+AR)",
                "eta": "Sweep: Lopti threshold eta (GRPO+Lopti)",
                "order": "Sweep: Lopti stage order (low-first = paper, high-first = ablation)"}
@@ -243,7 +264,7 @@ def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> li
     names.sort(key=list(GRIDS).index)
     out, seen = [], set()
     for g in names:
-        n = seeds if g == "main" else sweep_seeds
+        n = seeds if g in ("main", "control") else sweep_seeds
         for seed in range(n):
             for v in GRIDS[g]:
                 if only and v.method not in only and v.name not in only:
@@ -257,7 +278,7 @@ def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> li
 # Fields that do not change what a run computes (where it writes, how it shows progress,
 # how many threads): ignored when configs are compared.
 RUNTIME_FIELDS = {"run_dir", "progress", "plots", "tensorboard", "threads", "cache_dir"}
-VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "seed"}
+VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "ppo_epochs", "seed"}
 
 
 def run_config(spec: RunSpec, out, overrides: dict | None = None, threads: int | None = None):
@@ -353,12 +374,25 @@ def warm_start_eval_path(out, preset: str) -> Path:
     return Path(out) / preset / "warm-start-eval.json"
 
 
-def evaluate_warm_start(out, cfg, echo=print) -> Path:
+def evaluate_warm_start(out, cfg, echo=print, heldout: str | None = None) -> Path:
     """The reference row "warm start (no RL)": the starting policy of a preset, evaluated
     once, greedy, with exactly the final evaluation of the runs (cfg: any run config of
     the preset). RL at small scale can lower accuracy; the Δ vs GRPO columns cannot show
     that, this row does. Skipped when its file exists (greedy decoding is deterministic)."""
     path = warm_start_eval_path(out, cfg.preset)
+    hpath = path.with_name("warm-start-heldout.json")
+    if heldout and not hpath.exists():
+        from .evaluate import evaluate_records, write_report
+        from .kk import load_jsonl
+        echo(f"[study] evaluating the warm start {cfg.model} on {heldout} -> {hpath}")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        model, tok = trainer.load_policy(cfg)
+        report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
+                                  batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
+                                  autocast_bf16=cfg.autocast_bf16, progress=False)
+        report.update(model=cfg.model, data=str(heldout))
+        write_report(report, hpath)
     if path.exists():
         return path
     from .evaluate import write_report
@@ -412,8 +446,32 @@ def _file_log(path: Path):
     return log
 
 
-def execute(cfg, status: str, train_fn=None) -> dict:
-    """One run: start it, or resume it after its latest checkpoint. Never raises except on
+HELDOUT_FILE = "eval_heldout.json"
+
+
+def evaluate_heldout(run_dir, cfg, heldout) -> Path:
+    """Greedy accuracy of a finished run's final policy on a held-out K&K file (default
+    data/heldout3.jsonl: 400 three-person puzzles outside the official sets, the RL set and
+    the warm start's stream; the official 3-person set has only 100, so its accuracy has a
+    standard error of ~0.05). Same numerics and budget as the final evaluation."""
+    from .evaluate import evaluate_records, write_report
+    from .kk import load_jsonl
+    run_dir = Path(run_dir)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = trainer.load_policy(cfg, source=str(run_dir / "final"))
+    report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
+                              batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
+                              autocast_bf16=cfg.autocast_bf16, progress=False)
+    report["data"] = str(heldout)
+    path = run_dir / HELDOUT_FILE
+    write_report(report, path)
+    return path
+
+
+def execute(cfg, status: str, train_fn=None, heldout: str | None = None) -> dict:
+    """One run: start it, or resume it after its latest checkpoint, then (``heldout``) its
+    held-out evaluation; status "heldout" runs that evaluation only. Never raises except on
     KeyboardInterrupt; a failure is returned and written to RUN_DIR/study_error.txt."""
     train_fn = train_fn or trainer.train
     run_dir = Path(cfg.run_dir)
@@ -425,8 +483,10 @@ def execute(cfg, status: str, train_fn=None) -> dict:
             rcfg = trainer.resume_config(run_dir, progress=False)
             rcfg.threads = cfg.threads
             train_fn(rcfg, resume=True, log=log)
-        else:
+        elif status == "new":
             train_fn(cfg, resume=False, log=log)
+        if heldout and not (run_dir / HELDOUT_FILE).exists():
+            evaluate_heldout(run_dir, cfg, heldout)
         ok = True
     except KeyboardInterrupt:
         err = "interrupted"
@@ -461,19 +521,21 @@ def _quiet_transformers() -> None:
         pass
 
 
-def _execute_in_worker(cfg_json: dict, status: str, train_fn) -> dict:
+def _execute_in_worker(cfg_json: dict, status: str, train_fn, heldout) -> dict:
     """Process-pool entry point (module level, so it pickles)."""
     _quiet_transformers()
-    return execute(trainer.config_from_json(cfg_json), status, train_fn)
+    return execute(trainer.config_from_json(cfg_json), status, train_fn, heldout)
 
 
 def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train_fn=None, jobs: int = 1,
               threads: int | None = None, progress: bool = True, echo=print, argv=None,
-              eval_warm_start: bool = False) -> dict:
+              eval_warm_start: bool = False, heldout: str | None = None) -> dict:
     """Run every spec that is not finished. Returns {"done", "skipped", "failed", "wall_s"}.
     train_fn(cfg, resume=..., log=...) defaults to trainer.train (tests inject a fake).
     eval_warm_start: first evaluate each preset's warm start (`evaluate_warm_start`; the
-    command line does, tests of the orchestration with fake models do not)."""
+    command line does, tests of the orchestration with fake models do not).
+    heldout: a K&K file every finished run is also evaluated on (`evaluate_heldout`); a
+    finished run without that evaluation gets it (status "heldout")."""
     out = Path(out)
     jobs = max(1, int(jobs))
     if threads is None and jobs > 1:
@@ -488,11 +550,13 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
         status = run_status(cfg.run_dir)
         if status != "new":
             check_existing(cfg.run_dir, cfg)
+        if status == "done" and heldout and not (Path(cfg.run_dir) / HELDOUT_FILE).exists():
+            status = "heldout"
         (skipped if status == "done" else todo).append((spec, cfg, status))
     if eval_warm_start:
         for preset in dict.fromkeys(spec.preset for spec, _, _ in todo + skipped):
             cfg = next(c for sp, c, _ in todo + skipped if sp.preset == preset)
-            evaluate_warm_start(out, cfg, echo)
+            evaluate_warm_start(out, cfg, echo, heldout)
     echo(f"[study] {len(specs)} runs: {len(skipped)} finished (skipped), "
          f"{sum(s == 'resume' for _, _, s in todo)} to resume, {sum(s == 'new' for _, _, s in todo)} to start"
          f" | jobs {jobs}, threads per run {threads or 'default'} | {out}")
@@ -502,7 +566,7 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
         if jobs == 1:
             for spec, cfg, status in todo:
                 bar.set_postfix_str(f"{spec.preset}/{spec.variant.name}-s{spec.seed} ({status})")
-                r = execute(cfg, status, train_fn)
+                r = execute(cfg, status, train_fn, heldout)
                 results.append(r)
                 if not r["ok"]:
                     echo(f"[study] FAILED {r['run_dir']}: {r['error']}")
@@ -511,7 +575,7 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor, as_completed
             with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-                futs = [pool.submit(_execute_in_worker, trainer.config_to_json(cfg), status, train_fn)
+                futs = [pool.submit(_execute_in_worker, trainer.config_to_json(cfg), status, train_fn, heldout)
                         for _, cfg, status in todo]
                 try:
                     for f in as_completed(futs):
@@ -747,7 +811,7 @@ def aggregate(out, window: int = 5) -> dict:
                 "timing": {"step_s": mean_of("step_s"), "sample_s": mean_of("sample_s"),
                            "update_s": mean_of("update_s"), "eval_s": float(np.mean([r["eval_s"] for r in vr])),
                            "run_wall_s": float(np.mean([r["wall_s"] for r in vr]))},
-                "update_passes": 2 if v.method in ("lopti", "ar_lopti") else 1,
+                "update_passes": (2 if v.method in ("lopti", "ar_lopti") else 1) * v.passes,
             }
         grids = {g: t for g in GRIDS if (t := grid_table(groups, g, sizes, window))}
         wpath = warm_start_eval_path(out, preset)
@@ -1165,7 +1229,9 @@ def parse_args(argv=None):
         prog="python -m lopti_minimal.study",
         description="GRPO / AR / Lopti / AR+Lopti from one warm start, equal budgets, several seeds; "
                     "writes docs/RESULTS.md.", formatter_class=HelpFormatter)
-    ap.add_argument("--grid", nargs="+", default=["main"], help=f"grids: {', '.join(GRIDS)}, all")
+    ap.add_argument("--grid", nargs="+", default=["main", "control"], help=f"grids: {', '.join(GRIDS)}, all")
+    ap.add_argument("--heldout", default=DEFAULT_HELDOUT,
+                    help="K&K file every run's final policy is also evaluated on ('' for none)")
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of the main grid")
     ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds 0..N-1 of the sweeps")
     ap.add_argument("--only", help="comma-separated methods or variant names to keep (e.g. grpo,ar_lopti)")
@@ -1220,7 +1286,7 @@ def main(argv=None) -> int:
             if a.dry_run:
                 return _dry_run(specs, out, overrides, a)
             r = run_study(specs, out, overrides, jobs=a.jobs, threads=a.threads, progress=not a.no_progress,
-                          argv=argv, eval_warm_start=True)
+                          argv=argv, eval_warm_start=True, heldout=a.heldout or None)
             print(f"[study] this invocation: {_hours(r['wall_s'])}; ran {len(r['done'])}, "
                   f"skipped {len(r['skipped'])}, failed {len(r['failed'])}")
         if not a.no_report:

@@ -52,6 +52,19 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
 METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+# The paper's K&K settings per method (Yang et al. 2025, K&K experiments; the reference
+# launch scripts): AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti alpha 0.3 and eta 0.5.
+# One table: `train.py --method` and the study both read it, so `--method lopti` means
+# eta 0.4 as in the paper. A knob a method does not use keeps the AR+Lopti value (eta also
+# sets the threshold of the logged `low_fraction`, which every method reports).
+PAPER_SETTINGS = {"grpo": {}, "ar": {"alpha": 0.2}, "lopti": {"eta": 0.4},
+                  "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
+UNUSED_KNOBS = {"alpha": 0.3, "eta": 0.5}
+
+
+def paper_settings(method: str) -> dict:
+    """{"alpha", "eta"} of ``method`` as in the paper's K&K runs (see PAPER_SETTINGS)."""
+    return {**UNUSED_KNOBS, **PAPER_SETTINGS.get(method, {})}
 
 
 class TrainError(ValueError):
@@ -82,8 +95,10 @@ class TrainConfig:
 
     # --- method (DESIGN.md §2)
     method: str = "ar_lopti"       # grpo | ar | lopti | ar_lopti (the paper's best K&K combination)
-    alpha: float = 0.3             # AR, Eq. 4: 0.3 in the reference AR+Lopti K&K run (0.2 AR alone)
-    eta: float = 0.5               # Lopti threshold: 0.5 in the reference (0.4 Lopti alone)
+    alpha: float | None = None     # AR, Eq. 4; None: the paper's value for the method
+                                   # (PAPER_SETTINGS: 0.2 AR alone, 0.3 with Lopti)
+    eta: float | None = None       # Lopti threshold on pi_old; None: the paper's value
+                                   # (0.4 Lopti alone, 0.5 with AR)
     lopti_order: str = "low_first" # Lopti stage order: low_first (Algorithm 1) | high_first
                                    # (the reversed ablation the paper reports to fail)
 
@@ -122,6 +137,9 @@ class TrainConfig:
                                    # per stage whenever prompts x G <= 256
     micro_batch_size: int = 32     # responses per forward/backward (memory only)
     grad_accum: str = "global"     # exact token-mean over the mini-batch (grpo.py explains "verl")
+    ppo_epochs: int = 1            # passes over each rollout batch (reference 1). 2 is the study's
+                                   # control arm: GRPO with two optimizer steps per rollout, as
+                                   # many as Lopti makes
     optimizer: str = "adamw"       # reference AdamW; "adafactor" only for the 3B-on-24GB preset
 
     # --- data: the RL prompt set (generated, official test puzzles excluded, cached)
@@ -166,13 +184,21 @@ class TrainConfig:
     tensorboard: bool = False      # only if torch.utils.tensorboard is installed
 
     # ----------------------------------------------------------------------------------
+    def __post_init__(self):
+        paper = paper_settings(self.method)
+        if self.alpha is None:
+            self.alpha = paper["alpha"]
+        if self.eta is None:
+            self.eta = paper["eta"]
+
     def grpo_config(self):
         from .grpo import GRPOConfig
         return GRPOConfig(group_size=self.group_size, temperature=self.temperature, lr=self.lr,
                           weight_decay=self.weight_decay, grad_clip=self.grad_clip,
                           eps_low=self.eps_low, eps_high=self.eps_high, clip_c=self.clip_c,
                           kl_coef=self.kl_coef, mini_batch_size=self.mini_batch_size,
-                          micro_batch_size=self.micro_batch_size, grad_accum=self.grad_accum)
+                          micro_batch_size=self.micro_batch_size, grad_accum=self.grad_accum,
+                          ppo_epochs=self.ppo_epochs)
 
     @property
     def uses_ar(self) -> bool:
@@ -249,7 +275,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.group_size < 2:
         raise TrainError(f"group size must be >= 2 (GRPO compares responses within a group), got {cfg.group_size}")
     for name in ("steps", "prompts_per_step", "max_new_tokens", "max_prompt_len", "rl_per_size",
-                 "micro_batch_size", "mini_batch_size"):
+                 "micro_batch_size", "mini_batch_size", "ppo_epochs"):
         if getattr(cfg, name) < 1:
             raise TrainError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.temperature <= 0:
