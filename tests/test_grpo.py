@@ -232,6 +232,25 @@ def test_mini_batches_make_separate_optimizer_steps():
     assert m["ratio_max"] > 1 + 1e-4 or m["ratio_min"] < 1 - 1e-4   # later steps see moves
 
 
+def test_two_ppo_epochs_are_two_steps_the_second_from_the_moved_policy():
+    """The study's control arm (GRPO with as many optimizer steps per rollout as Lopti):
+    ppo_epochs=2 makes a second full-batch step on the same samples, whose gradient is
+    taken at the updated parameters against the unchanged pi_old (ratios no longer 1)."""
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    torch.manual_seed(0)
+    b["advantages"] = torch.randn(12, 1) * r.response_mask
+    one, two = copy.deepcopy(model), copy.deepcopy(model)
+    opt1 = GradRecorder(one.parameters(), lr=0.5)
+    opt2 = GradRecorder(two.parameters(), lr=0.5)
+    m1 = grpo_update(one, copy.deepcopy(model), opt1, b, GRPOConfig(kl_coef=0.0))
+    m2 = grpo_update(two, copy.deepcopy(model), opt2, b, GRPOConfig(kl_coef=0.0, ppo_epochs=2))
+    assert (m1["n_steps"], m2["n_steps"]) == (1, 2)
+    assert torch.equal(flat(opt1.grads[0]), flat(opt2.grads[0]))         # same first step
+    assert not torch.allclose(flat(opt2.grads[1]), flat(opt2.grads[0]))  # taken elsewhere
+    assert m2["ratio_max"] > 1 + 1e-4 or m2["ratio_min"] < 1 - 1e-4
+
+
 def test_padding_is_ignored_and_eos_is_trained():
     model = tiny_llama()
     r, b = rollout_batch(model)

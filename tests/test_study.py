@@ -147,17 +147,28 @@ def test_variants_are_canonical():
         == S.Variant("lopti", eta=0.4, order="high_first")
     with pytest.raises(S.StudyError, match="unknown method"):
         S.Variant("ppo")
+    # The control arm: same method, two optimizer passes per rollout.
+    x2 = S.Variant("grpo", passes=2)
+    assert (x2.name, x2.overrides()) == ("grpo-x2", {"method": "grpo", "ppo_epochs": 2})
+    assert S.Variant.from_config({"method": "grpo", "alpha": 0.3, "ppo_epochs": 2}) == x2 != S.GRPO
+    # The main grid's knobs are the table train.py --method uses.
+    for v in S.MAIN:
+        cfg = trainer.make_config(method=v.method)
+        assert (v.alpha in (None, cfg.alpha)) and (v.eta in (None, cfg.eta)), v
 
 
 def test_plan_dedups_shared_runs_and_is_seed_major():
     specs = S.plan_runs(["all"], 5, 3, "cpu-tiny")
     # main 4 x 5 = 20; alpha adds 0.1 0.3 0.5 (0 = GRPO, 0.2 = main AR) x 3; eta adds 0.3 0.5
     # 0.7 (0.4 = main Lopti) x 3; order adds high-first x 3.
-    assert len(specs) == 20 + 9 + 9 + 3
+    # control adds GRPO with two optimizer steps per rollout x 5 (the main grid's seeds).
+    assert len(specs) == 20 + 5 + 9 + 9 + 3
     assert len({(s.variant, s.seed) for s in specs}) == len(specs)
     assert [(s.variant.name, s.seed) for s in specs[:5]] == [
         ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo", 1)]
-    assert all(s.grid == "main" for s in specs[:20]) and max(s.seed for s in specs[20:]) == 2
+    assert all(s.grid == "main" for s in specs[:20])
+    assert [(s.grid, s.variant.name) for s in specs[20:25]] == [("control", "grpo-x2")] * 5
+    assert max(s.seed for s in specs[25:]) == 2
     only = S.plan_runs(["main"], 2, 0, "ci", only={"grpo", "ar_lopti"})
     assert [s.run_dir("/o").as_posix() for s in only] == [
         "/o/ci/grpo-s0", "/o/ci/ar_lopti-a0.3-e0.5-s0", "/o/ci/grpo-s1", "/o/ci/ar_lopti-a0.3-e0.5-s1"]
@@ -307,7 +318,7 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     # Curves: moving average (window 2) of rewards 0, .5, 1 is 0, .25, .75 for every seed.
     c = g["curves"]["reward"]
     assert c["step"] == [1, 2, 3] and c["mean"] == pytest.approx([0, .25, .75]) and c["lo"] == c["mean"]
-    assert set(pr["grids"]) == {"main", "alpha", "eta", "order"}   # each grid table from the runs it has
+    assert set(pr["grids"]) == {"main", "control", "alpha", "eta", "order"}   # each grid table from the runs it has
     assert list(pr["grids"]["alpha"]["rows"]) == ["grpo", "ar-a0.2"]
     json.dumps(res)                                   # JSON-ready
 
@@ -352,12 +363,12 @@ def test_cli_report_only_dry_run_and_bad_input(tmp_path, fake_model, capsys):
     assert S.main(["--report-only", "--out", str(out), "--report", str(rep), "--figures", str(tmp_path / "f")]) == 0
     assert rep.exists() and (out / "study_results.json").exists()
     assert S.main(["--dry-run", "--preset", "ci", "--out", str(out), "--model", fake_model, "--steps", "3",
-                   "--seeds", "3", "--only", "grpo,ar", "--step-seconds", "2", "--eval-seconds", "10"]) == 0
+                   "--seeds", "3", "--only", "grpo,ar", "--grid", "main", "--step-seconds", "2", "--eval-seconds", "10"]) == 0
     o = capsys.readouterr().out
     assert "ci/grpo-s0" in o and "ci/ar-a0.2-s2" in o and "budget per run: 3 steps x 2 prompts x G=4 = 24" in o
     assert "6 runs, 0 to do: about" in o
     assert S.main(["--dry-run", "--preset", "ci", "--out", str(tmp_path / "new"), "--model", fake_model,
-                   "--steps", "3", "--seeds", "2", "--only", "grpo,lopti", "--step-seconds", "2",
+                   "--steps", "3", "--seeds", "2", "--only", "grpo,lopti", "--grid", "main", "--step-seconds", "2",
                    "--eval-seconds", "10"]) == 0
     # 2 x (3 x 2 s + 10 s) + 2 x (3 x 2 s x 1.15 + 10 s) = 65.8 s
     assert "4 runs, 4 to do: about 1.1 min for 4 run(s)" in capsys.readouterr().out
@@ -376,15 +387,18 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     invocation skips both runs."""
     model = [] if WARM.exists() else ["--model", request.getfixturevalue("nano_dir")]
     out, rep = tmp_path / "study", tmp_path / "RESULTS.md"
-    args = ["--preset", "ci", "--only", "grpo,ar_lopti", "--seeds", "1", "--out", str(out), "--report", str(rep),
+    heldout = tmp_path / "heldout.jsonl"                 # 6 puzzles of the held-out set
+    heldout.write_text("".join((ROOT / "data" / "heldout3.jsonl").read_text().splitlines(True)[:6]))
+    args = ["--preset", "ci", "--grid", "main", "--only", "grpo,ar_lopti", "--seeds", "1", "--out", str(out), "--report", str(rep),
             "--figures", str(tmp_path / "fig"), "--threads", os.environ.get("LOPTI_TEST_THREADS", "2"),
-            "--no-progress", *model]
+            "--heldout", str(heldout), "--no-progress", *model]
     assert S.main(args) == 0
     for name in ("grpo-s0", "ar_lopti-a0.3-e0.5-s0"):
         d = out / "ci" / name
         assert (d / "eval_final.json").exists() and (d / "final" / "config.json").exists(), name
         assert len((d / "metrics.jsonl").read_text().splitlines()) == 2
         assert "step    2/2" in (d / "train.log").read_text()
+        assert json.loads((d / S.HELDOUT_FILE).read_text())["per_size"]["3"]["n"] == 6
     res = json.loads((out / "study_results.json").read_text())
     rows = res["presets"]["ci"]["grids"]["main"]["rows"]
     assert set(rows) == {"grpo", "ar_lopti-a0.3-e0.5"} and rows["ar_lopti-a0.3-e0.5"]["vs_grpo"]["avg"]["n"] == 1

@@ -45,10 +45,21 @@ def test_presets_are_valid_and_gpu_presets_keep_reference_values():
     assert (d.method, d.alpha, d.eta, d.preset) == ("ar_lopti", 0.3, 0.5, "cpu-tiny")
 
 
+def test_method_alone_takes_the_papers_setting_and_explicit_values_win():
+    # The paper's K&K runs: AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti 0.3 / 0.5.
+    assert make_config(method="ar").alpha == 0.2 and make_config(method="lopti").eta == 0.4
+    c = make_config(method="ar_lopti")
+    assert (c.alpha, c.eta) == (0.3, 0.5)
+    assert make_config(method="lopti", eta=0.7).eta == 0.7 and make_config(method="ar", alpha=0.0).alpha == 0.0
+    # A saved config keeps its values (a resumed run does not change its knobs).
+    saved = trainer.config_to_json(make_config(method="lopti", eta=0.6))
+    assert trainer.config_from_json(saved).eta == 0.6
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(method="ppo"), "unknown method"), (dict(alpha=1.5), "alpha"), (dict(alpha=-0.1), "alpha"),
     (dict(eta=0.0), "eta"), (dict(eta=1.01), "eta"), (dict(group_size=1), "group size"),
-    (dict(steps=0), "steps")])
+    (dict(steps=0), "steps"), (dict(ppo_epochs=0), "ppo-epochs")])
 def test_bad_config_is_rejected(kw, words):
     with pytest.raises(TrainError, match=words):
         make_config("cpu-tiny", **kw)
