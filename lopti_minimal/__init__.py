@@ -7,3 +7,12 @@ See docs/ARCHITECTURE.md for the module map.
 """
 
 __version__ = "0.1.0"
+
+import logging as _logging
+
+# torchao (the 8-bit optimizer of the large GPU presets, precision.py) is imported by
+# transformers whenever it is installed, and on import it warns about CUDA kernels it
+# cannot load on this machine and about torch.compile registrations: noise on every CPU
+# run, nothing to act on. Real errors still show.
+for _name in ("torchao", "torch.utils._pytree"):
+    _logging.getLogger(_name).setLevel(_logging.ERROR)

@@ -68,7 +68,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
 
     max_new_tokens: an int, or {size: int} (default DEFAULT_MAX_NEW_TOKENS).
     batch_size: responses decoded together (prompts per batch = batch_size // samples).
-    autocast_bf16: decode under CPU bf16 autocast (the tiny model's training numerics).
+    autocast_bf16: decode under bf16 autocast, CPU or CUDA (the training numerics).
     response_prefix: text the response is forced to start with (appended to the prompt;
         scored as part of the response), e.g. "\n " to make the two-behaviour warm start
         derive (behaviours.py): its derivations open with that token, its guesses with "\n".
@@ -82,7 +82,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
     max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     greedy = samples == 1
     device = next(model.parameters()).device
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 and device.type == "cpu" \
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast_bf16 and device.type in ("cpu", "cuda") \
         else contextlib.nullcontext()
     add_bos = _adds_bos(tokenizer)
     by_size: dict[int, list[dict]] = {}

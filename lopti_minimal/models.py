@@ -84,6 +84,59 @@ def make_tiny_model(preset: str, vocab_size: int, *, tokenizer=None, seed: int =
     return model
 
 
+# ---------------------------------------------------------------------------------------
+# Stand-ins for the GPU tier: a randomly initialised Qwen2 of any shape, a ChatML tokenizer
+# ---------------------------------------------------------------------------------------
+
+# The ChatML layout of Qwen2.5-Instruct's template (system, user, then the assistant turn
+# opened for generation), written here so that nothing is downloaded.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Qwen2.5-Instruct shapes (their config.json): hidden, layers, heads, kv heads, MLP width.
+QWEN2_SHAPES = {
+    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, intermediate_size=8960, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2, intermediate_size=11008, tie_word_embeddings=True),
+    # Scaled down for tests: the same classes and grouped-query attention, 2 layers.
+    "scaled-down": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=True),
+}
+QWEN2_VOCAB = 151_936
+
+
+def chatml_tokenizer(tokenizer):
+    """A copy of ``tokenizer`` that behaves like an instruct tokenizer: ChatML markers
+    ``<|im_start|>`` / ``<|im_end|>`` as special tokens, ``<|im_end|>`` as eos (as in
+    Qwen2.5-Instruct) and a chat template, so `kk_prompt` takes the instruct path."""
+    import copy as _copy
+    tok = _copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def random_qwen2(tokenizer, shape: str = "scaled-down", vocab_size: int | None = None, seed: int = 0):
+    """A randomly initialised ``Qwen2ForCausalLM`` of a named shape (QWEN2_SHAPES), with
+    ``tokenizer``'s special ids. ``vocab_size`` may exceed the tokenizer (Qwen's 151,936
+    rows, for realistic logits memory); the extra rows are never sampled often enough to
+    matter for a speed or memory check."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    if shape not in QWEN2_SHAPES:
+        raise ModelLoadError(f"unknown shape {shape!r}: choose one of {', '.join(QWEN2_SHAPES)}")
+    cfg = Qwen2Config(vocab_size=max(vocab_size or 0, len(tokenizer)), max_position_embeddings=8192,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa",
+                      **QWEN2_SHAPES[shape])
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg)
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Distinct parameters (a tied embedding counts once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -33,7 +33,6 @@ Run directory layout (everything a run writes):
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -140,7 +139,9 @@ class TrainConfig:
     ppo_epochs: int = 1            # passes over each rollout batch (reference 1). 2 is the study's
                                    # control arm: GRPO with two optimizer steps per rollout, as
                                    # many as Lopti makes
-    optimizer: str = "adamw"       # reference AdamW; "adafactor" only for the 3B-on-24GB preset
+    optimizer: str = "adamw"       # reference AdamW (float32 state); "adamw8bit": torchao's 8-bit
+                                   # AdamW with bf16 stochastic rounding, for bf16 weights
+                                   # where float32 ones do not fit; "adafactor" (transformers)
 
     # --- data: the RL prompt set (generated, official test puzzles excluded, cached)
     rl_sizes: tuple = (3,)         # reference trains on 3..7 people; the tiny model derives
@@ -154,9 +155,13 @@ class TrainConfig:
 
     # --- numerics and hardware
     device: str = "auto"           # cuda if available, else cpu
-    dtype: str = "auto"            # weights: float32 on CPU, bfloat16 on GPU (models.default_dtype)
-    autocast_bf16: bool = True     # CPU: bf16 matmuls (AMX/AVX-512) under autocast, float32
-                                   # master weights: ~4x faster update on this machine
+    # Precision (precision.py): the optimizer updates float32 master weights, bf16 is for
+    # compute. "auto" = float32 weights everywhere; bfloat16 weights only with an optimizer
+    # that rounds stochastically (adamw8bit), else small updates round away.
+    dtype: str = "auto"
+    autocast_bf16: bool = True     # bf16 matmuls under autocast, on CPU (AMX/AVX-512: ~4x
+                                   # faster update on this machine) and CUDA alike
+    ref_dtype: str = "same"        # the frozen pi_ref copy: "same" or "bfloat16" (half the memory)
     recompute_old_logprobs: bool = True   # log pi_old by a teacher-forced forward after sampling,
                                    # as verl does; makes the first ratio exactly 1 under autocast
     gradient_checkpointing: bool = False
@@ -211,10 +216,12 @@ class TrainConfig:
 
 # Named presets: overrides of the defaults above. The cpu-tiny preset is the defaults.
 _REF = dict(lr=1e-6, temperature=0.7, group_size=8, prompts_per_step=64, max_new_tokens=4096,
-            max_prompt_len=400, rl_sizes=(3, 4, 5, 6, 7), autocast_bf16=False,
-            gradient_checkpointing=True, dtype="bfloat16", eval_every=10,
-            eval_max_new_tokens={n: 4096 for n in range(3, 8)}, eval_batch_size=100,
-            steps=350, save_every=20)
+            max_prompt_len=400, rl_sizes=(3, 4, 5, 6, 7), gradient_checkpointing=True,
+            eval_every=10, eval_max_new_tokens={n: 4096 for n in range(3, 8)}, eval_batch_size=100,
+            steps=350, save_every=20,
+            # precision.py: float32 master weights under AdamW, bf16 compute (autocast), a
+            # bf16 pi_ref; a CUDA GPU (refused with a one-line error where there is none).
+            device="cuda", dtype="float32", autocast_bf16=True, ref_dtype="bfloat16")
 PRESETS: dict[str, dict] = {
     "cpu-tiny": {},
     # The smallest thing that runs every part: tests and CI (< 60 s on 2 cores).
@@ -227,24 +234,28 @@ PRESETS: dict[str, dict] = {
                         group_size=4, max_new_tokens=384, max_prompt_len=512, steps=20,
                         rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=50,
                         eval_max_new_tokens={3: 512}, eval_batch_size=50),
-    # One 24 GB GPU, bf16 weights, gradient checkpointing, reference hyperparameters.
-    # What bounds memory (memory_estimate_gb, README table): the KV cache of a rollout
-    # (64 x 8 responses of 4.5k tokens at once would need 40-85 GB, hence rollout_chunk
-    # prompts per sampling call), the float32 [rows, 4096, 151,936] logits of a
-    # micro-batch (~5.5 GB per response with their gradient, hence micro-batches of 1),
-    # and the evaluation's KV cache (eval_batch_size).
+    # One GPU, gradient checkpointing, the reference hyperparameters (GPU_MEMORY_GB: the
+    # GPU each is sized for). What bounds memory (memory_estimate_gb, README table): the
+    # KV cache of a rollout (64 x 8 responses of 4.5k tokens at once would need 40-85 GB,
+    # hence rollout_chunk prompts per sampling call), the float32 [rows, 4096, 151,936]
+    # logits of a micro-batch (~5.5 GB per response with their gradient, hence
+    # micro-batches of 1), and the evaluation's KV cache (eval_batch_size).
     "qwen2.5-0.5b": dict(_REF, model="Qwen/Qwen2.5-0.5B-Instruct", micro_batch_size=1, rollout_chunk=16,
                          eval_batch_size=64),
+    # 1.5B: float32 weights, gradients and AdamW moments (16 B/param = 24.6 GB) do not fit
+    # 24 GB; bf16 weights with torchao's 8-bit AdamW and bf16 stochastic rounding do, and
+    # keep every update in expectation (precision.py, choice 3).
     "qwen2.5-1.5b": dict(_REF, model="Qwen/Qwen2.5-1.5B-Instruct", micro_batch_size=1, rollout_chunk=4,
-                         eval_batch_size=32),
-    # 3B: AdamW's two moments (+12 GB in bf16) do not fit beside weights, grads and the
-    # reference copy (3 x 6.2 GB); Adafactor's factored second moment does. Even so the
-    # 4,096-token budget does not fit in 24 GB: responses are capped at 2,048 (a deviation;
-    # use a 40 GB+ GPU and --max-new-tokens 4096 for the faithful setting).
+                         eval_batch_size=32, dtype="bfloat16", optimizer="adamw8bit"),
+    # 3B: the same policy needs ~30 GB at the faithful 4,096-token budget (weights, 8-bit
+    # moments and the reference copy are 6.2 GB each): a 40 GB GPU. No precision that
+    # keeps the updates fits 24 GB.
     "qwen2.5-3b": dict(_REF, model="Qwen/Qwen2.5-3B-Instruct", micro_batch_size=1, rollout_chunk=2,
-                       optimizer="adafactor", max_new_tokens=2048, eval_batch_size=16,
-                       eval_max_new_tokens={n: 2048 for n in range(3, 8)}),
+                       eval_batch_size=16, dtype="bfloat16", optimizer="adamw8bit"),
 }
+# The GPU memory (GB) each GPU preset is sized for (benchmarks/memory_table.py checks the
+# estimate against it).
+GPU_MEMORY_GB = {"qwen2.5-0.5b": 24, "qwen2.5-1.5b": 24, "qwen2.5-3b": 40}
 
 
 def make_config(preset: str = "cpu-tiny", **overrides) -> TrainConfig:
@@ -282,8 +293,11 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"temperature must be > 0, got {cfg.temperature}")
     if not cfg.lr > 0:
         raise TrainError(f"lr must be > 0, got {cfg.lr}")
-    if cfg.optimizer not in ("adamw", "adafactor"):
-        raise TrainError(f"unknown optimizer {cfg.optimizer!r}: adamw or adafactor")
+    from .precision import PrecisionError, check_precision
+    try:
+        check_precision(cfg)
+    except PrecisionError as e:
+        raise TrainError(str(e)) from None
     if cfg.save_every < 0 or cfg.eval_every < 0 or cfg.keep_checkpoints < 0:
         raise TrainError("save-every, eval-every and keep-checkpoints must be >= 0")
 
@@ -407,11 +421,10 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return default_device() if cfg.device == "auto" else torch.device(cfg.device)
 
 
-def resolve_dtype(cfg: TrainConfig, device) -> torch.dtype:
-    from .models import default_dtype
-    if cfg.dtype == "auto":
-        return default_dtype(device)
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+def resolve_dtype(cfg: TrainConfig, device=None) -> torch.dtype:
+    """The dtype of the trained weights (precision.master_dtype: float32 unless asked)."""
+    from .precision import master_dtype
+    return master_dtype(cfg)
 
 
 def load_policy(cfg: TrainConfig, source: str | None = None):
@@ -430,30 +443,26 @@ def load_policy(cfg: TrainConfig, source: str | None = None):
     return model, tok
 
 
-def frozen_copy(model):
-    """The reference policy pi_ref: a frozen copy of the initial policy (DESIGN.md §2)."""
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
+def frozen_copy(model, dtype: torch.dtype | None = None):
+    """The reference policy pi_ref: a frozen copy of the initial policy (paper Eq. 1's KL
+    term), in ``dtype`` if given (precision.reference_copy)."""
+    from .precision import reference_copy
+    return reference_copy(model, dtype)
 
 
 def make_optimizer(model, cfg: TrainConfig):
-    if cfg.optimizer == "adamw":
-        from .grpo import make_optimizer as grpo_optimizer
-        return grpo_optimizer(model, cfg.grpo_config())
-    # Adafactor (Shazeer & Stern 2018) as shipped by transformers, with an explicit lr:
-    # factored second moments, no first moment -- a few MB of state instead of 2 x params.
-    from transformers.optimization import Adafactor
-    return Adafactor(model.parameters(), lr=cfg.lr, scale_parameter=False, relative_step=False,
-                     warmup_init=False, weight_decay=cfg.weight_decay)
+    """AdamW as in the reference, or the low-memory alternatives (precision.make_optimizer)."""
+    from .precision import PrecisionError, make_optimizer as build
+    try:
+        return build(model, cfg)
+    except PrecisionError as e:
+        raise TrainError(str(e)) from None
 
 
 def autocast(cfg: TrainConfig, device):
-    """bf16 autocast on a CPU when asked (the weights stay float32); a no-op elsewhere."""
-    enabled = cfg.autocast_bf16 and torch.device(device).type == "cpu"
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+    """bf16 autocast for compute when cfg.autocast_bf16, on CPU and CUDA (precision.py)."""
+    from .precision import autocast as amp
+    return amp(cfg, device)
 
 
 # =======================================================================================
@@ -501,6 +510,8 @@ def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, gen
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                 generator=generator, greedy=greedy))
+    from .precision import free_memory
+    free_memory(device)                 # the last chunk's KV cache, before the update
     return concat_rollouts(parts, tokenizer.pad_token_id)
 
 
@@ -749,6 +760,11 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     if resume:
         read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
     validate(cfg)
+    from .precision import PrecisionError, check_hardware
+    try:
+        check_hardware(cfg)                   # before any model is loaded
+    except PrecisionError as e:
+        raise TrainError(str(e)) from None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run_dir = Path(cfg.run_dir or default_run_dir(cfg))
@@ -761,7 +777,8 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
 
     # Policy, and the frozen reference = the *initial* policy (always cfg.model, also on resume).
     model, tokenizer = load_policy(cfg)
-    ref = frozen_copy(model) if cfg.kl_coef else None
+    from .precision import ref_dtype
+    ref = frozen_copy(model, ref_dtype(cfg)) if cfg.kl_coef else None
     optimizer = make_optimizer(model, cfg)
     start = 0
     if resume:
@@ -883,20 +900,28 @@ def _tensorboard(cfg: TrainConfig, run_dir: Path):
 # GPU memory estimate (the README table)
 # =======================================================================================
 
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 def memory_estimate_gb(n_params: float, layers: int, kv_heads: int, head_dim: int, vocab: int,
-                       rows: int, seq: int, micro_batch: int, optimizer: str = "adamw") -> dict:
-    """Rough GPU memory of one training step in GB (1e9 bytes), bf16 everywhere:
-    weights 2 B/param, grads 2, AdamW moments 4 (Adafactor ~0), reference copy 2;
-    KV cache of one rollout chunk (rows x seq x layers x 2 x kv_heads x head_dim x 2 B);
+                       rows: int, seq: int, micro_batch: int, optimizer: str = "adamw",
+                       weights: str = "float32", ref: str = "bfloat16") -> dict:
+    """Rough GPU memory of one training step in GB (1e9 bytes) under a precision policy
+    (precision.py): trained weights and their gradients in ``weights`` (4 B/param for
+    float32 master weights, 2 for bf16); optimizer state: AdamW's two moments in the
+    weights' dtype (8 or 4 B/param), torchao's 8-bit AdamW 2 B/param, Adafactor ~0; the
+    frozen reference copy in ``ref``; the bf16 KV cache of one rollout chunk (rows x seq x
+    layers x 2 x kv_heads x head_dim x 2 B; autocast computes keys and values in bf16);
     the float32 logits of one micro-batch [micro_batch, seq, vocab] (x2: value + grad).
     The phases do not overlap: sampling holds the KV cache (grads are freed after each
     update), the update holds grads and logits; "peak" is the larger phase. Checkpointed
     activations (~0.1-0.7 GB) and the CUDA context (~0.5 GB) come on top."""
     gb = 1e9
-    opt = 4 if optimizer == "adamw" else 0.05
+    w = BYTES["float32" if weights == "auto" else weights]
+    state = {"adamw": 2 * w, "adamw8bit": 2, "adafactor": 0.05}[optimizer]
     out = {
-        "weights": 2 * n_params / gb, "grads": 2 * n_params / gb, "optimizer": opt * n_params / gb,
-        "reference": 2 * n_params / gb,
+        "weights": w * n_params / gb, "grads": w * n_params / gb, "optimizer": state * n_params / gb,
+        "reference": BYTES[weights if ref == "same" else ref] * n_params / gb,
         "kv_cache": rows * seq * layers * 2 * kv_heads * head_dim * 2 / gb,
         "logits": 2 * micro_batch * seq * vocab * 4 / gb,
     }

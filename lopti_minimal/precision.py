@@ -1,0 +1,130 @@
+"""Precision: float32 master weights, bf16 compute, and optimizers that keep every update.
+
+The design choices, each with its reason:
+
+1. The optimizer updates float32 master weights; bf16 is for compute. bfloat16 keeps 8
+   bits of mantissa: a weight of 0.05 sits on a grid of spacing 2^-12 ~ 2.4e-4 (half of it
+   for round-to-nearest), so an AdamW step of lr = 1e-6 (the paper's) rounds away. Pure bf16
+   weights under AdamW keep under 1% of the float32 update (tests/test_precision.py shows
+   it). The reference (verl with FSDP mixed precision) keeps float32 parameters and
+   computes in bf16; we do the same with `torch.autocast` (``cfg.autocast_bf16``), on a CPU
+   and on CUDA by the same line of code.
+2. The frozen reference policy pi_ref may be bf16 (``cfg.ref_dtype``): it is never updated,
+   and its log-probs are computed under the same bf16 autocast anyway. It halves the
+   memory of the copy (as in the reference, whose ref worker holds bf16 parameters).
+3. Where float32 weights plus AdamW's two float32 moments (16 B/parameter with the
+   gradient) do not fit the GPU (1.5B and 3B on 24 GB), we do not write our own
+   optimizer: ``optimizer="adamw8bit"`` is torchao's ``AdamW8bit`` (PyTorch's own
+   library for low-precision training), with 8-bit blockwise-quantised moments (2
+   B/parameter) and *stochastic rounding* of bf16 weights (``bf16_stochastic_round``):
+   a weight rounds up with probability equal to the fraction of the grid step the update
+   covers, so the update is kept in expectation instead of being rounded away. Why
+   torchao rather than bitsandbytes: it is plain PyTorch (it runs on a CPU, so the test
+   suite checks it without a GPU) and it has the stochastic rounding built in.
+   Low-precision weights with any other optimizer are refused (``check_precision``).
+4. Hardware is checked before any model is loaded (``check_hardware``): a CUDA device on
+   a machine without CUDA, or bf16 on a GPU without it, is a one-line error that says what
+   to use instead.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
+STOCHASTIC_ROUNDING = ("adamw8bit",)     # optimizers that keep updates of bf16 weights
+GPU_ONLY_HINT = "on a CPU use --preset cpu-tiny or smollm2-cpu (--device cpu runs this preset's code path on the CPU, slowly)"
+
+
+class PrecisionError(ValueError):
+    """A precision or device setting that cannot work: one line, what to use instead."""
+
+
+def master_dtype(cfg) -> torch.dtype:
+    """The dtype of the trained weights: float32 unless a preset asks for bf16 weights
+    with a stochastic-rounding optimizer ("auto" = float32 on every device)."""
+    return torch.float32 if cfg.dtype == "auto" else DTYPES[cfg.dtype]
+
+
+def check_precision(cfg) -> None:
+    """Config-level checks (no hardware needed); raises PrecisionError."""
+    if cfg.dtype not in ("auto", *DTYPES):
+        raise PrecisionError(f"unknown dtype {cfg.dtype!r}: auto, {', '.join(DTYPES)}")
+    if cfg.ref_dtype not in ("same", *DTYPES):
+        raise PrecisionError(f"unknown ref dtype {cfg.ref_dtype!r}: same, {', '.join(DTYPES)}")
+    if cfg.optimizer not in OPTIMIZERS:
+        raise PrecisionError(f"unknown optimizer {cfg.optimizer!r}: {', '.join(OPTIMIZERS)}")
+    if master_dtype(cfg) != torch.float32 and cfg.optimizer not in STOCHASTIC_ROUNDING:
+        raise PrecisionError(
+            f"{cfg.dtype} weights under {cfg.optimizer} round small updates away (an lr-1e-6 step "
+            "of a 0.05 weight is below bf16's resolution): use dtype float32 (float32 master "
+            "weights, bf16 autocast), or optimizer adamw8bit (bf16 stochastic rounding)")
+
+
+def check_hardware(cfg) -> None:
+    """Device-level checks, before any model is loaded; raises PrecisionError."""
+    dev = cfg.device
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise PrecisionError(f"preset {cfg.preset} runs on a CUDA GPU (device {dev}) and none is "
+                             f"visible: {GPU_ONLY_HINT}")
+    if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
+        wants_bf16 = cfg.autocast_bf16 or "bfloat16" in (cfg.dtype, cfg.ref_dtype)
+        if wants_bf16 and not torch.cuda.is_bf16_supported():
+            name = torch.cuda.get_device_name(torch.device(dev if dev != "auto" else "cuda"))
+            raise PrecisionError(f"this GPU ({name}) has no bfloat16 (it needs compute capability 8.0+, "
+                                 "Ampere or newer): use such a GPU, or --device cpu")
+
+
+def autocast(cfg, device):
+    """bf16 autocast for compute when cfg.autocast_bf16 (the weights keep their dtype).
+    One code path for CPU and CUDA: only the device type differs."""
+    device_type = torch.device(device).type
+    enabled = cfg.autocast_bf16 and device_type in ("cpu", "cuda")
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def reference_copy(model, dtype: torch.dtype | None = None):
+    """pi_ref: a frozen copy of the initial policy, in ``dtype`` if given (choice 2)."""
+    ref = copy.deepcopy(model)
+    if dtype is not None:
+        ref.to(dtype)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def ref_dtype(cfg) -> torch.dtype | None:
+    return None if cfg.ref_dtype == "same" else DTYPES[cfg.ref_dtype]
+
+
+def make_optimizer(model, cfg):
+    """The optimizer of ``cfg.optimizer`` over the model's (master) weights."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        # The reference actor's AdamW (betas, weight decay: grpo.GRPOConfig).
+        from .grpo import make_optimizer as grpo_optimizer
+        return grpo_optimizer(model, cfg.grpo_config())
+    if cfg.optimizer == "adafactor":
+        # Adafactor (Shazeer & Stern 2018) as shipped by transformers, with an explicit lr:
+        # factored second moments, no first moment -- a few MB of state instead of 2 x params.
+        from transformers.optimization import Adafactor
+        return Adafactor(params, lr=cfg.lr, scale_parameter=False, relative_step=False,
+                         warmup_init=False, weight_decay=cfg.weight_decay)
+    try:
+        from torchao.optim import AdamW8bit
+    except ImportError as e:
+        raise PrecisionError("optimizer adamw8bit needs torchao: pip install torchao") from e
+    g = cfg.grpo_config()
+    sr = any(p.dtype == torch.bfloat16 for p in params)
+    return AdamW8bit(params, lr=cfg.lr, betas=tuple(g.betas), weight_decay=cfg.weight_decay,
+                     bf16_stochastic_round=sr)
+
+
+def free_memory(device) -> None:
+    """Hand cached, now unused blocks back between the rollout and the update (the KV cache
+    of the last chunk), so the update's logits find room; nothing to do on a CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()

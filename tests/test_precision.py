@@ -1,0 +1,94 @@
+"""precision.py: every preset's precision policy keeps an lr-1e-6 update; bad precision or
+hardware settings are refused before any model is loaded.
+
+The bug this guards against: bf16 weights under AdamW. A weight of 0.05 sits on a bf16 grid
+of spacing ~2.4e-4, so a step of ~1e-6 rounds away; one such step kept 0.7% of the float32
+update. The policy keeps float32 master weights (bf16 only under autocast), or bf16 weights
+with stochastic rounding (torchao's 8-bit AdamW), which keeps the update in expectation."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from lopti_minimal import precision, trainer
+from lopti_minimal.trainer import TrainError, make_config
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "checkpoints" / "tiny-warm")
+
+
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torchao compiles its optimizer step with torch.compile; on a 2-core CPU that takes
+    about half a minute per parameter shape. The same math runs eagerly."""
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn)
+
+
+def kept_share(cfg) -> float:
+    """One optimizer step of cfg's policy on the tiny model with gradients of ~1e-3: its
+    update projected on the float32 AdamW update from the same weights and gradients,
+    <d, d32> / <d32, d32> (1 = all of it kept)."""
+    model, _ = trainer.load_policy(cfg)
+    w0 = [p.detach().float().clone() for p in model.parameters()]
+    opt = trainer.make_optimizer(model, cfg)
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.grad = (torch.randn(p.shape, generator=gen) * 1e-3).to(p.dtype)
+    # The float32 reference: the same starting values and gradients, torch's AdamW.
+    ref = [torch.nn.Parameter(w.clone()) for w in w0]
+    for r, p in zip(ref, model.parameters()):
+        r.grad = p.grad.float()
+    g = cfg.grpo_config()
+    torch.optim.AdamW(ref, lr=cfg.lr, betas=tuple(g.betas), weight_decay=cfg.weight_decay).step()
+    opt.step()
+    num = den = 0.0
+    for p, w, r in zip(model.parameters(), w0, ref):
+        d, d32 = p.detach().float() - w, r.detach() - w
+        num += float((d * d32).sum())
+        den += float((d32 * d32).sum())
+    return num / den
+
+
+@pytest.mark.parametrize("preset", list(trainer.PRESETS))
+def test_every_preset_keeps_an_lr_1e6_update(preset, eager_compile):
+    cfg = make_config(preset, model=TINY, device="cpu", lr=1e-6)
+    share = kept_share(cfg)
+    assert 0.9 <= share <= 1.1, (preset, cfg.dtype, cfg.optimizer, share)
+
+
+def test_bf16_weights_under_plain_adamw_lose_the_update_and_are_refused():
+    with pytest.raises(TrainError, match="round small updates away"):
+        make_config("qwen2.5-0.5b", model=TINY, device="cpu", dtype="bfloat16")
+    # Built past the check: the policy of the old GPU presets keeps almost nothing.
+    cfg = dataclasses.replace(make_config("qwen2.5-0.5b", model=TINY, device="cpu", lr=1e-6), dtype="bfloat16")
+    assert kept_share(cfg) < 0.1
+
+
+def test_gpu_presets_train_float32_or_stochastically_rounded_weights():
+    for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"):
+        c = make_config(name)
+        assert c.device == "cuda" and c.autocast_bf16 and c.ref_dtype == "bfloat16"
+        assert precision.master_dtype(c) == torch.float32 or c.optimizer in precision.STOCHASTIC_ROUNDING
+    # The reference copy may be bf16; the trained weights stay float32.
+    cfg = make_config("qwen2.5-0.5b", model=TINY, device="cpu")
+    model, _ = trainer.load_policy(cfg)
+    ref = trainer.frozen_copy(model, precision.ref_dtype(cfg))
+    assert next(model.parameters()).dtype == torch.float32 and next(ref.parameters()).dtype == torch.bfloat16
+    assert not any(p.requires_grad for p in ref.parameters())
+
+
+def test_a_gpu_preset_without_cuda_is_one_line_before_loading(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = make_config("qwen2.5-0.5b", run_dir=str(tmp_path / "r"))
+    with pytest.raises(TrainError, match="none is visible: on a CPU use --preset cpu-tiny"):
+        trainer.train(cfg)
+    assert not (tmp_path / "r").exists()                  # nothing written, nothing loaded
+
+
+def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    with pytest.raises(precision.PrecisionError, match="Tesla T4.*Ampere"):
+        precision.check_hardware(make_config("qwen2.5-0.5b"))
