@@ -124,12 +124,14 @@ def chatml_tokenizer(tokenizer):
 def random_qwen2(tokenizer, shape: str = "scaled-down", vocab_size: int | None = None, seed: int = 0):
     """A randomly initialised ``Qwen2ForCausalLM`` of a named shape (QWEN2_SHAPES), with
     ``tokenizer``'s special ids. ``vocab_size`` may exceed the tokenizer (Qwen's 151,936
-    rows, for realistic logits memory); the extra rows are never sampled often enough to
-    matter for a speed or memory check."""
+    rows, for realistic logits memory). At least 64 spare rows, rounded to a multiple of
+    64, as Qwen2.5 has (151,936 rows for 151,665 tokens): loaded next to a Qwen2 config,
+    transformers reads the tokenizer as a Qwen2 one, which adds ``<|endoftext|>``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     if shape not in QWEN2_SHAPES:
         raise ModelLoadError(f"unknown shape {shape!r}: choose one of {', '.join(QWEN2_SHAPES)}")
-    cfg = Qwen2Config(vocab_size=max(vocab_size or 0, len(tokenizer)), max_position_embeddings=8192,
+    rows = max(vocab_size or 0, -(-(len(tokenizer) + 64) // 64) * 64)
+    cfg = Qwen2Config(vocab_size=rows, max_position_embeddings=8192,
                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                       pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa",
                       **QWEN2_SHAPES[shape])

@@ -104,3 +104,13 @@ def test_rebuild_budget_default_is_the_warm_start_default():
     """train.py keeps a literal default (no torch import for --help); it must not drift."""
     from lopti_minimal.warmstart import WarmStartConfig
     assert train_cli.parse_args([]).warmstart_minutes == WarmStartConfig.minutes
+
+
+def test_gpu_preset_without_cuda_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = tmp_path / "run"
+    assert train_cli.main(["--preset", "qwen2.5-0.5b", "--run-dir", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "none is visible: on a CPU use --preset cpu-tiny" in err, err
+    assert not run.exists()
