@@ -16,8 +16,8 @@ Design choices:
 - The prompt follows the model: a chat template (the paper's Qwen system prompt) when the
   tokenizer has one, the compact prompt of the tiny model otherwise.
 - Decoding is the rollout sampler (sampling.sample_groups) in greedy mode, batched by
-  size, with a KV cache. On a CPU the tiny model decodes under bf16 autocast, its training
-  numerics (--no-bf16 for float32).
+  size, with a KV cache. Decoding runs under bf16 autocast, the training numerics, on a
+  CPU or a GPU (--no-bf16 for the weights' own dtype).
 - The per-size response budget defaults to the run's (or the tiny model's) settings;
   --max-new-tokens N sets one budget for every size.
 
@@ -59,7 +59,8 @@ def parse_args(argv=None):
     ap.add_argument("--save-responses", action="store_true", help="also write every response (JSONL)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--device", help="cpu, cuda ... (default: cuda if available)")
-    ap.add_argument("--no-bf16", action="store_true", help="CPU: decode in float32")
+    ap.add_argument("--no-bf16", action="store_true",
+                    help="decode in the weights' dtype (default: bf16 autocast, the training numerics)")
     ap.add_argument("--no-progress", action="store_true")
     ap.error = one_line_error
     return ap.parse_args(argv)

@@ -40,7 +40,7 @@ def test_presets_are_valid_and_gpu_presets_keep_reference_values():
     for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"):
         c = make_config(name)
         assert (c.lr, c.temperature, c.group_size, c.prompts_per_step) == (1e-6, 0.7, 8, 64)
-        assert c.gradient_checkpointing and c.dtype == "bfloat16"
+        assert c.gradient_checkpointing and c.autocast_bf16     # bf16 compute, precision.py
     d = make_config()
     assert (d.method, d.alpha, d.eta, d.preset) == ("ar_lopti", 0.3, 0.5, "cpu-tiny")
 
@@ -190,10 +190,22 @@ def test_unreadable_rl_data_is_a_train_error(tmp_path):
         trainer.load_records(bad)
 
 
-def test_memory_estimate_orders_models():
-    small = trainer.memory_estimate_gb(0.49e9, 24, 2, 64, 151936, 16, 4500, 2)
-    big = trainer.memory_estimate_gb(3.09e9, 36, 2, 128, 151936, 16, 2448, 1, optimizer="adafactor")
-    assert small["peak"] < 24 and big["peak"] < 24 and big["weights"] > small["weights"]
+def test_memory_estimate_follows_the_precision_policy():
+    # 0.5B with float32 master weights and AdamW: 4 + 4 + 8 B/param, a bf16 reference.
+    small = trainer.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1)
+    assert (small["weights"], small["grads"], small["optimizer"], small["reference"]) == (2.0, 2.0, 4.0, 1.0)
+    # 8-bit AdamW over bf16 weights: 2 B/param of state; the same model, less memory.
+    low = trainer.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, optimizer="adamw8bit",
+                                     weights="bfloat16")
+    assert (low["weights"], low["optimizer"]) == (1.0, 1.0) and low["peak"] < small["peak"]
+    # Every GPU preset fits the GPU it is sized for (benchmarks/memory_table.py's rows).
+    import importlib.util
+    ROOT = trainer.ROOT
+    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "benchmarks" / "memory_table.py")
+    mt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mt)
+    for name, cfg, m in mt.rows():
+        assert m["peak"] + 1 <= trainer.GPU_MEMORY_GB[name], (name, m["peak"])
 
 
 # ----------------------------------------------------------------------------- learning
