@@ -617,6 +617,14 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042}
 
 
+# One-sided 80% quantiles t_{0.80, df} (same tables), for the smallest difference a paired
+# t test at the 5% level detects with 80% power; beyond df = 30 the normal quantile 0.8416.
+T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883,
+       10: 0.879, 11: 0.876, 12: 0.873, 13: 0.870, 14: 0.868, 15: 0.866, 16: 0.865, 17: 0.863,
+       18: 0.862, 19: 0.861, 20: 0.860, 21: 0.859, 22: 0.858, 23: 0.858, 24: 0.857, 25: 0.856,
+       26: 0.856, 27: 0.855, 28: 0.855, 29: 0.854, 30: 0.854}
+
+
 def t975_expansion(df: float) -> float:
     """The asymptotic (Cornish-Fisher) expansion of the t quantile in powers of 1/df around
     the normal quantile z = 1.959964 (Abramowitz & Stegun 26.7.5); within 1e-3 of the
@@ -650,12 +658,25 @@ def mean_ci(values) -> dict:
     return {"n": n, "mean": m, "sd": sd, "half": half, "lo": m - half, "hi": m + half}
 
 
+def detectable(sd: float | None, n: int) -> float | None:
+    """The smallest true paired difference that a two-sided paired t test at the 5% level
+    detects with 80% power, for n pairs whose differences have standard deviation sd:
+    (t_{0.975, n-1} + t_{0.80, n-1}) * sd / sqrt(n) (the usual planning approximation, sd
+    taken as known)."""
+    if sd is None or n < 2:
+        return None
+    df = n - 1
+    return (t975(df) + T80.get(df, 0.8416)) * sd / math.sqrt(n)
+
+
 def paired_diff(a_by_seed: dict, b_by_seed: dict) -> dict:
     """a - b on the seeds both have: mean, paired t interval, and the relative change
     (mean difference / mean of b on those seeds; its interval divides the paired interval
-    by that mean, which is treated as fixed). excludes_zero: None with fewer than 2 pairs."""
+    by that mean, which is treated as fixed). excludes_zero: None with fewer than 2 pairs.
+    mde80: the difference these seeds could detect (`detectable`)."""
     seeds = sorted(set(a_by_seed) & set(b_by_seed))
     d = mean_ci([a_by_seed[s] - b_by_seed[s] for s in seeds])
+    d["mde80"] = detectable(d["sd"], d["n"])
     base = float(np.mean([b_by_seed[s] for s in seeds])) if seeds else None
     rel = lambda v: (v / base) if (v is not None and base) else None   # noqa: E731
     excl = None if d["lo"] is None else bool(d["lo"] > 0 or d["hi"] < 0)
@@ -692,6 +713,8 @@ def read_run(run_dir) -> dict:
     ev = json.loads((run_dir / "eval_final.json").read_text())
     acc = {int(n): float(v["accuracy"]) for n, v in ev["per_size"].items()}
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    hfile = run_dir / HELDOUT_FILE
+    heldout = float(json.loads(hfile.read_text())["overall"]["accuracy"]) if hfile.exists() else None
     tfile = run_dir / "study_time.json"
     if tfile.exists():
         wall = json.loads(tfile.read_text())["wall_s"]
@@ -702,7 +725,26 @@ def read_run(run_dir) -> dict:
             "accuracy": acc, "avg": float(np.mean(list(acc.values()))),
             "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
             "tokens": _size_mean(ev, "mean_tokens"),
-            "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall)}
+            "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall),
+            "heldout": heldout, **selection(metrics)}
+
+
+SELECT_AT = 0.8          # "the behaviour is selected": derivations are >= 80% of the samples
+
+
+def selection(metrics: list[dict]) -> dict:
+    """How fast RL selects the derivations (behaviours.py), from one run's metrics:
+    steps_to_80 = the first step whose samples are >= 80% derivations (a run that never
+    gets there counts as steps + 1, so a slower method never looks faster), derive_auc =
+    the area under the share-of-derivations curve per step (its mean over the steps: 1 =
+    derivations from the first step on), and train_truncated = the mean share of samples
+    cut at the response cap."""
+    ds = [m["derive_share"] for m in metrics if "derive_share" in m]
+    if not ds:
+        return {"steps_to_80": None, "derive_auc": None, "train_truncated": None}
+    hit = next((i + 1 for i, v in enumerate(ds) if v >= SELECT_AT), len(ds) + 1)
+    return {"steps_to_80": float(hit), "derive_auc": float(np.mean(ds)),
+            "train_truncated": float(np.mean([m.get("truncated", 0.0) for m in metrics]))}
 
 
 def find_runs(out) -> tuple[list[Path], list[Path]]:
@@ -740,6 +782,10 @@ def _variant_rank(v: Variant) -> tuple:
     return (known.index(v), "") if v in known else (len(known), v.name)
 
 
+SELECTION_KEYS = ("heldout", "steps_to_80", "derive_auc", "train_truncated")
+CURVE_KEYS = ("reward", "accuracy", "derive_share")
+
+
 def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict | None:
     """The balanced table of one grid: only the seeds that *every* variant of the grid
     with finished runs has, so each row (GRPO's included) averages the same seeds and
@@ -765,9 +811,18 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
         if vs is not None:
             for k, key in (("vs_grpo", "format_error"), ("tokens_vs_grpo", "tokens")):
                 fmt[k] = paired_diff({r["seed"]: r[key] for r in vr}, {s: b[key] for s, b in base.items()})
+        sel = {}
+        for key in SELECTION_KEYS:
+            have = [r for r in vr if r.get(key) is not None]
+            if not have:
+                continue
+            sel[key] = {"mean": mean_ci([r[key] for r in have]), "vs_grpo": None}
+            if vs is not None:
+                sel[key]["vs_grpo"] = paired_diff({r["seed"]: r[key] for r in have},
+                                                  {s: b[key] for s, b in base.items() if b.get(key) is not None})
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
-                        "format_error": fmt,
-                        "curves": {k: curve_stats(vr, k, window) for k in ("reward", "accuracy")} if vr else None}
+                        "format_error": fmt, "selection": sel,
+                        "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None}
     return {"seeds": seeds, "rows": rows}
 
 
@@ -822,6 +877,9 @@ def aggregate(out, window: int = 5) -> dict:
             warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model"),
                     "format_error": _size_mean(wev, "format_error", sizes),
                     "truncated": _size_mean(wev, "truncated", sizes), "tokens": _size_mean(wev, "mean_tokens", sizes)}
+            hpath = wpath.with_name("warm-start-heldout.json")
+            if hpath.exists():
+                warm["heldout"] = float(json.loads(hpath.read_text())["overall"]["accuracy"])
         P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
         res["presets"][preset] = {
             "model": ref_cfg["model"], "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
@@ -844,9 +902,10 @@ def aggregate(out, window: int = 5) -> dict:
 def plot_curves(table: dict, path, title: str, window: int) -> str:
     """Learning curves of a grid table: mean over its seeds with a 95% t band."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(12, 3.8))
-    axes = fig.subplots(1, 2)
-    for ax, key, lab in zip(axes, ("reward", "accuracy"), ("mean reward", "accuracy of sampled responses")):
+    fig = Figure(figsize=(16, 3.8))
+    axes = fig.subplots(1, 3)
+    for ax, key, lab in zip(axes, CURVE_KEYS, ("mean reward", "accuracy of sampled responses",
+                                               "share of derivations among the samples")):
         for row in table["rows"].values():
             c = (row["curves"] or {}).get(key)
             if not c or not c["step"]:
@@ -940,7 +999,9 @@ def statement(row: dict) -> str:
     if d["excludes_zero"]:
         text += f" excludes 0: {'higher' if d['mean'] > 0 else 'lower'} than GRPO at this scale."
     else:
-        text += " includes 0: no difference from GRPO detected at this scale."
+        text += " includes 0: no difference from GRPO detected at this scale"
+        text += (f"; with {d['n']} seeds and this seed-to-seed spread, a true difference of about "
+                 f"±{d['mde80']:.3f} would have been detected with 80% power." if d.get("mde80") else ".")
     if row["method"] != "grpo":
         text += (f" (Paper, one run each: {paper_rel('Qwen2.5-3B-Instruct', row['method']):+.1%} on 3B, "
                  f"{paper_rel('Qwen2.5-7B-Instruct-1M', row['method']):+.1%} on 7B.)")
@@ -998,6 +1059,27 @@ def _format_table(table: dict, warm: dict | None) -> list[str]:
             lines.append(f"| {row['label']} | {_cell(f['mean'])} | {_diff_cell(f['vs_grpo'])} | "
                          f"{_cell(f['truncated'])} | {_cell(f['tokens'], 0)} | "
                          f"{_diff_cell(f['tokens_vs_grpo'], 0)} |")
+    return lines
+
+
+SELECTION_COLS = (("heldout", "held-out accuracy", 3), ("steps_to_80", "steps to 80% derivations", 1),
+                  ("derive_auc", "derivation share AUC", 3), ("train_truncated", "sampled cut at the cap", 3))
+
+
+def _selection_table(table: dict, warm: dict | None) -> list[str]:
+    cols = [c for c in SELECTION_COLS if any(c[0] in r.get("selection", {}) for r in table["rows"].values())]
+    if not cols:
+        return []
+    lines = ["| method | " + " | ".join(f"{t} | Δ vs GRPO" for _, t, _ in cols) + " |",
+             "|---|" + "---|---|" * len(cols)]
+    if warm and warm.get("heldout") is not None and cols[0][0] == "heldout":
+        lines.append(f"| warm start (no RL) | {warm['heldout']:.3f} | |" + " | |" * (len(cols) - 1))
+    for row in table["rows"].values():
+        cells = []
+        for key, _, dg in cols:
+            c = row.get("selection", {}).get(key)
+            cells += [_cell(c["mean"], dg) if c else "–", _diff_cell(c["vs_grpo"], dg) if c else "–"]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -1110,6 +1192,14 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                   "others are right or wrong answers), the share of responses cut at the response budget, "
                   "and the mean response length in tokens; means over sizes, same seeds:", ""]
             L += _format_table(table, pr.get("warm_start") if grid == "main" else None) + [""]
+            st = _selection_table(table, pr.get("warm_start") if grid in ("main", "control") else None)
+            if st:
+                L += ["What RL selects, and accuracy on the held-out set (400 three-person puzzles outside "
+                      "the official, RL and warm-start sets: `data/heldout3.jsonl`, greedy): steps until "
+                      f"derivations are at least {SELECT_AT:.0%} of a step's samples (never = steps + 1), the "
+                      "area under the share-of-derivations curve (mean share per step), and the share of "
+                      "samples cut at the response cap during training; mean ± 95% t half-width over seeds, "
+                      "and the paired difference from GRPO:", ""] + st + [""]
             if grid == "main":
                 L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
                 L += _beside_paper(table) + [""]

@@ -31,14 +31,18 @@ def fake_model(tmp_path):
     return str(d)
 
 
-def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0):
-    """What trainer.train leaves behind, reduced to what study.py reads."""
+def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0, heldout=None):
+    """What trainer.train leaves behind, reduced to what study.py reads (derivation share =
+    the reward; the held-out evaluation only if ``heldout`` is given)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for i, r in enumerate(rewards):
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
-                                "sample_s": step_s / 2, "update_s": step_s / 4}) + "\n")
+                                "sample_s": step_s / 2, "update_s": step_s / 4, "derive_share": r,
+                                "truncated": 0.0}) + "\n")
+    if heldout is not None:
+        (run_dir / S.HELDOUT_FILE).write_text(json.dumps({"overall": {"accuracy": heldout}}))
     (run_dir / "eval_final.json").write_text(json.dumps(
         {"per_size": {str(n): {"accuracy": a, "format_error": fmt, "truncated": fmt, "mean_tokens": 100 + 100 * fmt}
                       for n, a in acc.items()}, "seconds": 2.0}))
@@ -52,11 +56,14 @@ def synthetic_study(out: Path, model: str) -> Path:
     table = {S.GRPO: [.2, .3, .4], S.Variant("ar", alpha=0.2): [.3, .35, .5, .9],
              S.Variant("lopti", eta=0.4): [.3, .3, .3]}
     fmt = {S.GRPO: [.1, .2, .3], S.Variant("lopti", eta=0.4): [0, .1, .2]}
+    # Held-out accuracy: GRPO = its accuracy, Lopti = its accuracy + .05, AR none.
+    held = {S.GRPO: 0.0, S.Variant("lopti", eta=0.4): 0.05}
     for v, accs in table.items():
         for seed, a in enumerate(accs):
             spec = S.RunSpec("ci", v, seed, "main")
             cfg = S.run_config(spec, out, {"model": model, "steps": 3})
-            write_finished(spec.run_dir(out), cfg, {3: a, 4: a}, fmt=fmt.get(v, [0.0] * 4)[seed])
+            write_finished(spec.run_dir(out), cfg, {3: a, 4: a}, fmt=fmt.get(v, [0.0] * 4)[seed],
+                           heldout=a + held[v] if v in held else None)
     spec = S.RunSpec("ci", S.GRPO, 3, "main")
     write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": model, "steps": 5}), {3: .9, 4: .9})
     # An unfinished run (no eval_final.json) is listed, not aggregated.
@@ -136,6 +143,17 @@ def test_paired_difference_hand_checked():
 
 
 # ----------------------------------------------------------------------------- plan
+
+def test_selection_and_detectable_difference_hand_checked():
+    ms = [{"derive_share": v, "truncated": t} for v, t in ((.2, 0), (.5, .1), (.85, 0), (.7, .1), (.9, 0))]
+    assert S.selection(ms) == {"steps_to_80": 3.0, "derive_auc": pytest.approx(0.63),
+                               "train_truncated": pytest.approx(0.04)}
+    # Never selected within the run: counted as steps + 1.
+    assert S.selection([{"derive_share": .1}, {"derive_share": .5}])["steps_to_80"] == 3.0
+    # n = 5 pairs, sd .1: (t_.975,4 + t_.80,4) * .1 / sqrt(5) = (2.776 + 0.941) * .1 / 2.23607
+    assert S.detectable(0.1, 5) == pytest.approx(0.166228, abs=1e-5)
+    assert S.detectable(None, 1) is None
+
 
 def test_variants_are_canonical():
     assert S.Variant("ar", alpha=0.0) == S.GRPO and S.Variant("ar_lopti", alpha=0, eta=0.5) == S.Variant("lopti", eta=0.5)
@@ -315,6 +333,13 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     f = lo["format_error"]["vs_grpo"]
     assert f["mean"] == pytest.approx(-0.1) and f["half"] == pytest.approx(0.0, abs=1e-12) and f["excludes_zero"]
     assert ar["format_error"]["vs_grpo"]["excludes_zero"] is False       # -.1 -.2 -.3
+    # Held-out accuracy, paired: Lopti .35 x 3 vs GRPO .2 .3 .4 -> +.05; AR has none.
+    h = lo["selection"]["heldout"]
+    assert h["mean"]["mean"] == pytest.approx(0.35) and h["vs_grpo"]["mean"] == pytest.approx(0.05)
+    assert "heldout" not in ar["selection"]
+    # Derivation share 0, .5, 1 in every run: 80% first reached at step 3, AUC .5.
+    assert g["selection"]["steps_to_80"]["mean"]["mean"] == 3.0
+    assert lo["selection"]["derive_auc"]["vs_grpo"]["mean"] == pytest.approx(0.0)
     # Curves: moving average (window 2) of rewards 0, .5, 1 is 0, .25, .75 for every seed.
     c = g["curves"]["reward"]
     assert c["step"] == [1, 2, 3] and c["mean"] == pytest.approx([0, .25, .75]) and c["lo"] == c["mean"]
@@ -344,6 +369,10 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     assert (figs / "study-ci-main-curves.png").stat().st_size > 1000
     assert (figs / "study-ci-main-sizes.png").exists()
     assert "Sweep:" not in text          # no sweep has runs of its own here
+    # Lopti: diffs .1 0 -.1 -> (4.303 + 1.061) * .1 / sqrt(3) = 0.310 detectable with 80% power.
+    assert "a true difference of about ±0.310 would have been detected with 80% power" in text
+    # Held-out accuracy and the selection columns, paired like accuracy.
+    assert "| GRPO+Lopti (η=0.4) | 0.350 ± 0.000 | +0.050 [-0.198, +0.298] | 3.0 ± 0.0 | +0.0 [+0.0, +0.0] |" in text
 
     report.write_text(text.replace(S.HAND_BEGIN + "\n", S.HAND_BEGIN + "\nOur reading: nothing yet.\n"))
     S.write_report(S.aggregate(out), report, figs, plots=False)
