@@ -1255,23 +1255,28 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
 # 8. Time estimate and command line
 # =======================================================================================
 
-def estimate(todo: list[tuple[RunSpec, object, str]], out, step_seconds=None, eval_seconds=None) -> str:
-    """Rough time to finish ``todo``: per method, the mean wall time of its finished runs
-    (resumed runs pro rata); else steps x --step-seconds + --eval-seconds."""
+def estimate(todo: list[tuple[RunSpec, object, str]], out, step_seconds=None, eval_seconds=None,
+             jobs: int = 1) -> str:
+    """Rough time to finish ``todo``: per variant (else per method), the mean wall time of
+    its finished runs (resumed runs pro rata); else steps x --step-seconds (x 1.15 per
+    extra update pass) + --eval-seconds. With jobs > 1 the sum is divided by jobs: right
+    when the finished runs' wall times were measured with as many runs at once."""
     done, _ = find_runs(out)
-    walls: dict[tuple, list[float]] = {}
+    by_name: dict[tuple, list[float]] = {}
+    by_method: dict[tuple, list[float]] = {}
     for d in done:
         r = read_run(d)
-        walls.setdefault((r["preset"], r["variant"].method), []).append(r["wall_s"])
+        by_name.setdefault((r["preset"], r["variant"].name), []).append(r["wall_s"])
+        by_method.setdefault((r["preset"], r["variant"].method), []).append(r["wall_s"])
     total, unknown = 0.0, 0
     for spec, cfg, status in todo:
-        known = walls.get((spec.preset, spec.variant.method)) or \
-            [w for (p, _), ws in walls.items() if p == spec.preset for w in ws]
+        passes = (2 if spec.variant.method in ("lopti", "ar_lopti") else 1) * spec.variant.passes
+        known = by_name.get((spec.preset, spec.variant.name)) or by_method.get((spec.preset, spec.variant.method)) \
+            or [w for (p, _), ws in by_method.items() if p == spec.preset for w in ws]
         if known:
             est = float(np.mean(known))
         elif step_seconds:
-            est = cfg.steps * step_seconds * (1.0 if spec.variant.method in ("grpo", "ar") else 1.15) \
-                + (eval_seconds or 0.0)
+            est = cfg.steps * step_seconds * 1.15 ** (passes - 1) + (eval_seconds or 0.0)
         else:
             unknown += 1
             continue
@@ -1282,6 +1287,8 @@ def estimate(todo: list[tuple[RunSpec, object, str]], out, step_seconds=None, ev
     if unknown == len(todo) and todo:
         return "no estimate yet (finish one run, or pass --step-seconds S [--eval-seconds E])"
     s = f"about {_hours(total)} for {len(todo) - unknown} run(s) at one run at a time"
+    if jobs > 1:
+        s += f" (about {_hours(total / jobs)} with --jobs {jobs})"
     return s + (f", {unknown} without an estimate" if unknown else "")
 
 
@@ -1425,7 +1432,7 @@ def _dry_run(specs, out, overrides, a) -> int:
         print(f"budget per run: {cfg0.steps} steps x {cfg0.prompts_per_step} prompts x G={cfg0.group_size} = "
               f"{cfg0.steps * cfg0.prompts_per_step * cfg0.group_size} sampled responses (every method)")
     todo = [r for r in rows if r[2] != "done"]
-    print(f"{len(rows)} runs, {len(todo)} to do: " + estimate(todo, out, a.step_seconds, a.eval_seconds))
+    print(f"{len(rows)} runs, {len(todo)} to do: " + estimate(todo, out, a.step_seconds, a.eval_seconds, a.jobs))
     return 0
 
 
