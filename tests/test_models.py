@@ -1,6 +1,5 @@
 """Models (issue 3, items 2, 4, 5, 6): tiny presets, the loader, gradient checkpointing
 on both tiers, dtype/device defaults and one-line errors for bad input."""
-import os
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ from lopti_minimal.models import (TINY_PRESETS, ModelLoadError, count_parameters
                                   load_model_and_tokenizer, make_tiny_model,
                                   set_gradient_checkpointing)
 
-SMOL = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models", "smollm2-135m-instruct")
 
 
 def _one_line_error(fn, *words):
@@ -72,8 +70,8 @@ def test_gradient_checkpointing_same_gradients_tiny(kk_tokenizer):
     _assert_same_grads(model, enc["input_ids"], enc["attention_mask"], rtol=1e-5, atol=1e-7)
 
 
-def test_gradient_checkpointing_same_gradients_smollm2():
-    model, tok = load_model_and_tokenizer(SMOL, device="cpu")
+def test_gradient_checkpointing_same_gradients_smollm2(smollm2_dir):
+    model, tok = load_model_and_tokenizer(smollm2_dir, device="cpu")
     r = kk.load_official([3])[0]
     enc = tok([r["quiz"][:200], r["quiz"][-150:]], return_tensors="pt", padding=True)
     _assert_same_grads(model, enc["input_ids"], enc["attention_mask"], rtol=1e-4, atol=1e-6)

@@ -1,5 +1,5 @@
-"""The pretrained tier, offline (issue 3, item 4): SmolLM2-135M-Instruct fetched once by
-`python scripts/fetch_smollm2.py` (CI runs it before the tests) loads in seconds, builds
+"""The pretrained tier, offline: SmolLM2-135M-Instruct, fetched once (the `smollm2_dir`
+fixture runs scripts/fetch_smollm2.py when models/ lacks it), loads in seconds, builds
 the official prompt through its chat template, attempts a K&K answer, and yields per-token
 log-probs; its GGUF original loads through the same loader with the same weights."""
 import os
@@ -12,8 +12,7 @@ from lopti_minimal.models import is_instruct, kk_prompt, load_model_and_tokenize
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMOL = os.path.join(ROOT, "models", "smollm2-135m-instruct")
-GGUF = os.path.join(SMOL, "SmolLM2-135M-Instruct.Q4_1.gguf")
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def teacher_forced_logprobs(model, input_ids, attention_mask, prompt_len):
@@ -26,10 +25,9 @@ def teacher_forced_logprobs(model, input_ids, attention_mask, prompt_len):
     return lp.gather(-1, input_ids[:, prompt_len:].unsqueeze(-1)).squeeze(-1)
 
 
-def test_smollm2_answers_with_the_official_prompt_and_gives_logprobs():
-    assert os.path.isdir(SMOL), "run `python scripts/fetch_smollm2.py` first"
+def test_smollm2_answers_with_the_official_prompt_and_gives_logprobs(smollm2_dir):
     t0 = time.time()
-    model, tok = load_model_and_tokenizer(SMOL, device="cpu")
+    model, tok = load_model_and_tokenizer(smollm2_dir, device="cpu")
     assert time.time() - t0 < 30          # converted safetensors: no dequantization
     assert model.dtype == torch.float32 and model.config.model_type == "llama"
     assert is_instruct(tok)
@@ -53,9 +51,9 @@ def test_smollm2_answers_with_the_official_prompt_and_gives_logprobs():
     assert lp.exp().mean() > 0.2
 
 
-def test_gguf_loads_through_the_same_loader_with_the_same_weights():
-    a, tok_a = load_model_and_tokenizer(GGUF, device="cpu")
-    b, tok_b = load_model_and_tokenizer(SMOL, device="cpu")
+def test_gguf_loads_through_the_same_loader_with_the_same_weights(smollm2_dir):
+    a, tok_a = load_model_and_tokenizer(os.path.join(smollm2_dir, GGUF_NAME), device="cpu")
+    b, tok_b = load_model_and_tokenizer(smollm2_dir, device="cpu")
     text = "A very special island is inhabited only by knights and knaves."
     assert tok_a(text)["input_ids"] == tok_b(text)["input_ids"]
     ids = tok_b(text, return_tensors="pt")["input_ids"]
