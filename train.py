@@ -73,6 +73,8 @@ def parse_args(argv=None):
                     "paper's for the method, 0.4 for lopti, 0.5 for ar_lopti)")
     ap.add_argument("--ppo-epochs", type=int, help="optimizer passes over each rollout (default 1; "
                     "2 = the study's control arm)")
+    ap.add_argument("--estimator", choices=("grpo", "reinforce_pp"),
+                    help="advantage estimator (default grpo; reinforce_pp = REINFORCE++, as the reference offers)")
     ap.add_argument("--lopti-order", choices=("low_first", "high_first"),
                     help="Lopti stage order (default low_first, Algorithm 1; high_first is the ablation)")
     ap.add_argument("--seed", type=int)
@@ -118,7 +120,7 @@ def build_config(a):
     if a.resume:
         return resume_config(a.resume, steps=a.steps, progress=not a.no_progress)
     return make_config(
-        a.preset, method=a.method, alpha=a.alpha, eta=a.eta, lopti_order=a.lopti_order, ppo_epochs=a.ppo_epochs, seed=a.seed, group_size=a.group_size,
+        a.preset, method=a.method, alpha=a.alpha, eta=a.eta, lopti_order=a.lopti_order, ppo_epochs=a.ppo_epochs, estimator=a.estimator, seed=a.seed, group_size=a.group_size,
         prompts_per_step=a.prompts_per_step, lr=a.lr, steps=a.steps, temperature=a.temperature,
         max_new_tokens=a.max_new_tokens, max_prompt_len=a.max_prompt_len, model=a.model,
         rl_sizes=a.rl_sizes, rl_data=a.data, run_dir=a.run_dir, eval_every=a.eval_every, save_every=a.save_every,

@@ -89,6 +89,42 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     return torch.where(constant, torch.zeros_like(adv), adv).view(-1)
 
 
+def reinforce_pp_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0,
+                            eps: float = 1e-8) -> torch.Tensor:
+    """REINFORCE++ outcome advantage, per token (Hu 2025, arXiv 2501.03262), exactly as the
+    paper's reference code computes it (verl `compute_reinforce_plus_plus_outcome_advantage`
+    with `masked_whiten`); the reference runs every K&K script with either this or GRPO.
+
+    1. The outcome reward r_i sits on the last valid token of response i; returns run
+       backwards, G_t = r_t + gamma * G_{t+1}, reset at the padding (the mask), so
+       G_t = gamma^(L_i - 1 - t) * r_i on response i's L_i tokens and 0 on padding. The
+       reference scripts leave gamma at its default 1, so G_t = r_i on every token.
+    2. Whitening over *every valid token of the batch* (no per-prompt baseline):
+           A_t = (G_t - mu) / sqrt(var + 1e-8),
+       mu and var the mean and the unbiased (N - 1) variance over the N valid tokens, so a
+       long response weighs more in both. The reference's masked_whiten takes an epsilon
+       argument (1e-6) that it never uses; 1e-8 inside the square root is what it applies.
+    3. KL is not in the reward: the reference scripts set use_kl_loss, so the k3 KL term
+       stays in the loss, as with GRPO.
+
+    rewards: [B]; response_mask: [B, R]. Returns [B, R], 0 on padding. AR and Lopti then
+    act on these advantages exactly as on GRPO's (the reference applies them after any
+    estimator).
+    """
+    m = response_mask.float()
+    lengths = m.sum(1, keepdim=True)
+    t = torch.arange(m.shape[1], device=m.device).unsqueeze(0)
+    # gamma^(L - 1 - t) on the valid tokens (exactly 1 for gamma = 1).
+    discount = torch.ones_like(m) if gamma == 1.0 else gamma ** (lengths - 1 - t).clamp_min(0)
+    returns = rewards.float().view(-1, 1) * discount * m
+    n = m.sum()
+    if n < 2:
+        raise ValueError("REINFORCE++ whitening needs at least 2 valid tokens in the batch")
+    mean = returns.sum() / n
+    var = ((returns - mean) ** 2 * m).sum() / (n - 1)
+    return (returns - mean) * torch.rsqrt(var + eps) * m
+
+
 def token_advantages(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Broadcast one advantage per response to its tokens: [B] -> [B, R], 0 on padding."""
     return adv.view(-1, 1) * response_mask

@@ -2,7 +2,7 @@
 confidence intervals, and the report docs/RESULTS.md.
 
     python -m lopti_minimal.study                          # main grid: 4 methods x 5 seeds, cpu-tiny
-    python -m lopti_minimal.study --grid all               # + the alpha, eta and order sweeps (3 seeds)
+    python -m lopti_minimal.study --grid all               # + REINFORCE++ arms, alpha, eta, order sweeps (3 seeds)
     python -m lopti_minimal.study --dry-run                # the plan, what is done, a time estimate
     python -m lopti_minimal.study --report-only            # aggregate finished runs, rewrite the report
     python -m lopti_minimal.study --preset smollm2-cpu --seeds 3 --only grpo,ar_lopti
@@ -137,6 +137,7 @@ class Variant:
     eta: float | None = None          # Lopti threshold on pi_old, Lopti methods only
     order: str = "low_first"          # Lopti stage order, Lopti methods only
     passes: int = 1                   # optimizer passes over each rollout (ppo_epochs)
+    estimator: str = "grpo"           # advantage estimator: grpo | reinforce_pp (REINFORCE++)
 
     def __post_init__(self):
         m = self.method
@@ -152,6 +153,8 @@ class Variant:
         object.__setattr__(self, "eta", float(self.eta) if lopti and self.eta is not None else None)
         object.__setattr__(self, "order", self.order if lopti else "low_first")
         object.__setattr__(self, "passes", int(self.passes))
+        if self.estimator not in trainer.ESTIMATORS:
+            raise StudyError(f"unknown estimator {self.estimator!r}: {', '.join(trainer.ESTIMATORS)}")
         if self.passes < 1:
             raise StudyError(f"passes must be >= 1, got {self.passes}")
 
@@ -167,11 +170,15 @@ class Variant:
             s += f"-{self.order}"
         if self.passes != 1:
             s += f"-x{self.passes}"
+        if self.estimator != "grpo":
+            s = "rpp-" + s
         return s
 
     @property
     def label(self) -> str:
         base = {"grpo": "GRPO", "ar": "GRPO+AR", "lopti": "GRPO+Lopti", "ar_lopti": "GRPO+AR+Lopti"}[self.method]
+        if self.estimator == "reinforce_pp":
+            base = base.replace("GRPO", "REINFORCE++")
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
                 (["high first"] if self.order == "high_first" else []) + \
@@ -190,13 +197,15 @@ class Variant:
             d["lopti_order"] = self.order
         if self.passes != 1:
             d["ppo_epochs"] = self.passes
+        if self.estimator != "grpo":
+            d["estimator"] = self.estimator
         return d
 
     @classmethod
     def from_config(cls, cfg: dict) -> "Variant":
         """The variant a run config (run.json["config"]) belongs to."""
         return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), cfg.get("lopti_order", "low_first"),
-                   cfg.get("ppo_epochs", 1))
+                   cfg.get("ppo_epochs", 1), cfg.get("estimator", "grpo"))
 
 
 GRPO = Variant("grpo")
@@ -213,6 +222,11 @@ GRPO_X2 = Variant("grpo", passes=2)
 GRIDS: dict[str, tuple[Variant, ...]] = {
     "main": MAIN,
     "control": (GRPO, GRPO_X2, Variant("lopti", eta=_ps("lopti")["eta"])),
+    # The second baseline of the paper's reference code: REINFORCE++ (batch-whitened
+    # returns, no group baseline), alone and with AR+Lopti, beside GRPO.
+    "reinforce_pp": (GRPO, Variant("grpo", estimator="reinforce_pp"),
+                     Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"],
+                             estimator="reinforce_pp")),
     # alpha = 0 is GRPO (canonicalised), alpha = 0.2 is the main grid's AR.
     "alpha": tuple(Variant("ar", alpha=a) for a in (0.0, 0.1, 0.2, 0.3, 0.5)),
     # eta = 0.4 is the main grid's Lopti; GRPO is the baseline of the comparison.
@@ -221,6 +235,7 @@ GRIDS: dict[str, tuple[Variant, ...]] = {
 }
 GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
                "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",
+               "reinforce_pp": "REINFORCE++ as the baseline (the reference's other estimator)",
                "alpha": "Sweep: AR strength alpha (GRPO+AR)",
                "eta": "Sweep: Lopti threshold eta (GRPO+Lopti)",
                "order": "Sweep: Lopti stage order (low-first = paper, high-first = ablation)"}
@@ -278,7 +293,7 @@ def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> li
 # Fields that do not change what a run computes (where it writes, how it shows progress,
 # how many threads): ignored when configs are compared.
 RUNTIME_FIELDS = {"run_dir", "progress", "plots", "tensorboard", "threads", "cache_dir"}
-VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "ppo_epochs", "seed"}
+VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "ppo_epochs", "estimator", "seed"}
 
 
 def run_config(spec: RunSpec, out, overrides: dict | None = None, threads: int | None = None):

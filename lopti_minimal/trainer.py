@@ -50,6 +50,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
 METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+ESTIMATORS = ("grpo", "reinforce_pp")
 # The paper's K&K settings per method (Yang et al. 2025, K&K experiments; the reference
 # launch scripts): AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti alpha 0.3 and eta 0.5.
 # One table: `train.py --method` and the study both read it, so `--method lopti` means
@@ -97,6 +98,9 @@ class TrainConfig:
                                    # (PAPER_SETTINGS: 0.2 AR alone, 0.3 with Lopti)
     eta: float | None = None       # Lopti threshold on pi_old; None: the paper's value
                                    # (0.4 Lopti alone, 0.5 with AR)
+    estimator: str = "grpo"        # advantage estimator: grpo (group baseline) | reinforce_pp
+                                   # (REINFORCE++, batch-whitened returns: grpo.reinforce_pp_advantages);
+                                   # the reference offers both for every K&K script
     lopti_order: str = "low_first" # Lopti stage order: low_first (Algorithm 1) | high_first
                                    # (the reversed ablation the paper reports to fail)
 
@@ -280,6 +284,8 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"alpha must lie in [0, 1] (paper Eq. 4), got {cfg.alpha}")
     if not 0.0 < cfg.eta <= 1.0:
         raise TrainError(f"eta must lie in (0, 1] (Lopti threshold on pi_old), got {cfg.eta}")
+    if cfg.estimator not in ESTIMATORS:
+        raise TrainError(f"unknown estimator {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
     if cfg.lopti_order not in ("low_first", "high_first"):
         raise TrainError(f"lopti order must be low_first or high_first, got {cfg.lopti_order!r}")
     if cfg.group_size < 2:
@@ -531,7 +537,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
             cfg: TrainConfig, step: int, reward_fn=None) -> dict:
     """One RL step on the given prompts. Returns the step's metrics (a flat dict)."""
     from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3,
-                       sort_by_length, token_advantages)
+                       reinforce_pp_advantages, sort_by_length, token_advantages)
     from .behaviours import derive_share
     from .lopti import lopti_update, split_by_probability
     from .reweight import reweight_advantages
@@ -551,10 +557,14 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
     recs = [r for r in records for _ in range(G)]
     rewards = torch.tensor([float(reward_fn(t, r)) for t, r in zip(texts, recs)])
 
-    # 3. Advantages: one per response, broadcast to its tokens (padding 0).
-    adv = group_advantages(rewards, G, gcfg.adv_eps).to(device)
+    # 3. Advantages: GRPO's one per response from its group, broadcast to its tokens, or
+    #    REINFORCE++'s per token, whitened over the batch (padding 0 in both).
+    if cfg.estimator == "reinforce_pp":
+        tok_adv = reinforce_pp_advantages(rewards.to(device), ro.response_mask)
+    else:
+        tok_adv = token_advantages(group_advantages(rewards, G, gcfg.adv_eps).to(device), ro.response_mask)
     with autocast(cfg, device):
-        batch = batch_from_rollout(ro, token_advantages(adv, ro.response_mask))
+        batch = batch_from_rollout(ro, tok_adv)
         # Similar lengths in each micro-batch, so the forward passes skip most padding
         # (the same mini-batches, the same loss; see sort_by_length). From here on every
         # per-row tensor, the mask included, is in this order.

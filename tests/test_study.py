@@ -179,13 +179,16 @@ def test_plan_dedups_shared_runs_and_is_seed_major():
     specs = S.plan_runs(["all"], 5, 3, "cpu-tiny")
     # main 4 x 5 = 20; alpha adds 0.1 0.3 0.5 (0 = GRPO, 0.2 = main AR) x 3; eta adds 0.3 0.5
     # 0.7 (0.4 = main Lopti) x 3; order adds high-first x 3.
-    # control adds GRPO with two optimizer steps per rollout x 5 (the main grid's seeds).
-    assert len(specs) == 20 + 5 + 9 + 9 + 3
+    # control adds GRPO with two optimizer steps per rollout x 5 (the main grid's seeds);
+    # reinforce_pp adds REINFORCE++ and REINFORCE++ +AR+Lopti x 3.
+    assert len(specs) == 20 + 5 + 6 + 9 + 9 + 3
     assert len({(s.variant, s.seed) for s in specs}) == len(specs)
     assert [(s.variant.name, s.seed) for s in specs[:5]] == [
         ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo", 1)]
     assert all(s.grid == "main" for s in specs[:20])
     assert [(s.grid, s.variant.name) for s in specs[20:25]] == [("control", "grpo-x2")] * 5
+    assert [s.variant.name for s in specs[25:27]] == ["rpp-grpo", "rpp-ar_lopti-a0.3-e0.5"]
+    assert S.run_config(specs[25], "/o").estimator == "reinforce_pp"
     assert max(s.seed for s in specs[25:]) == 2
     only = S.plan_runs(["main"], 2, 0, "ci", only={"grpo", "ar_lopti"})
     assert [s.run_dir("/o").as_posix() for s in only] == [
@@ -343,7 +346,7 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     # Curves: moving average (window 2) of rewards 0, .5, 1 is 0, .25, .75 for every seed.
     c = g["curves"]["reward"]
     assert c["step"] == [1, 2, 3] and c["mean"] == pytest.approx([0, .25, .75]) and c["lo"] == c["mean"]
-    assert set(pr["grids"]) == {"main", "control", "alpha", "eta", "order"}   # each grid table from the runs it has
+    assert set(pr["grids"]) == {"main", "control", "reinforce_pp", "alpha", "eta", "order"}   # each grid table from the runs it has
     assert list(pr["grids"]["alpha"]["rows"]) == ["grpo", "ar-a0.2"]
     json.dumps(res)                                   # JSON-ready
 
