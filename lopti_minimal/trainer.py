@@ -507,6 +507,7 @@ def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, gen
     G = group_size or cfg.group_size
     chunk = cfg.rollout_chunk or len(prompt_ids)
     device = next(model.parameters()).device
+    from .precision import free_memory
     parts = []
     with autocast(cfg, device):
         for s in range(0, len(prompt_ids), chunk):
@@ -515,8 +516,7 @@ def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, gen
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                 generator=generator, greedy=greedy))
-    from .precision import free_memory
-    free_memory(device)                 # the last chunk's KV cache, before the update
+            free_memory(device)         # this chunk's KV cache (the last one's before the update)
     return concat_rollouts(parts, tokenizer.pad_token_id)
 
 
