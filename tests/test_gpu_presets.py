@@ -38,7 +38,7 @@ def eager_compile(monkeypatch):
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
-def test_gpu_preset_code_path_runs_one_step_on_cpu(preset, qwen_dir, tmp_path, eager_compile):
+def test_gpu_preset_code_path_runs_one_step_on_cpu(preset, qwen_dir, tmp_path, eager_compile, monkeypatch):
     t0 = time.perf_counter()
     cfg = make_config(preset, model=str(qwen_dir), device="cpu", steps=1, prompts_per_step=2, group_size=2,
                       max_new_tokens=12, max_prompt_len=512, rl_sizes=(3,), rl_per_size=8,
@@ -53,7 +53,12 @@ def test_gpu_preset_code_path_runs_one_step_on_cpu(preset, qwen_dir, tmp_path, e
         assert getattr(cfg, k) == getattr(ref, k) or k == "device", k
     assert ref.device == "cuda" and cfg.micro_batch_size == 1 and cfg.gradient_checkpointing
 
+    from lopti_minimal import precision
+    freed = []
+    real_free = precision.free_memory
+    monkeypatch.setattr(precision, "free_memory", lambda d: (freed.append(str(d)), real_free(d)))
     out = trainer.train(cfg)
+    assert freed == ["cpu", "cpu"]                            # after each of the 2 rollout chunks
     m = out["metrics"][0]
     # Fresh samples: the first ratio is exactly 1 (pi_old recomputed by the update's forward).
     assert m["ratio_min"] == m["ratio_max"] == 1.0
