@@ -1,6 +1,6 @@
 """Per-probability-bin diagnostics: the paper's Figure 1 and Figure 3 at small scale.
 
-The paper's claim (Yang et al. 2025, §3-4, Prop. 4.2; DESIGN.md §1) is about gradients:
+The paper's claim (Yang et al. 2025, §3-4, Prop. 4.2, Fig. 1) is about gradients:
 a sampled token o_t contributes w_t * grad log pi(o_t) to the GRPO update, and
 ||d log pi(o_t) / d z|| = ||e_y - pi|| lies between ~(1 - pi) and sqrt(2) (1 - pi), so
 low-probability tokens carry large gradients, dominate the update, and move the
@@ -48,7 +48,8 @@ head by hand):
   of a Hugging Face model; per-token backward is exact, simple and bounded in memory.
   The subsample is the only approximation: bin means of the parameter-gradient norm are
   estimates, reported with their sample size and standard error.
-* The update loss of Fig. 1 (c, e, f) is the GRPO objective of DESIGN.md §2 on the batch
+* The update loss of Fig. 1 (c, e, f) is the GRPO objective of the paper's runs (as in
+  verl's `compute_policy_loss`, `kl_penalty` and `agg_loss` in the reference fork) on the batch
   -- clipped surrogate with dual clip, k3 KL (coef 0.001) against the diagnosed model as
   the frozen reference, token-mean over ALL valid tokens of the batch -- with the
   advantages of the tokens outside the selected bin set to 0 and their KL masked
@@ -61,9 +62,9 @@ head by hand):
 * Figure 3's updates: one update per method from the same parameters on the same batch,
   by default the same plain SGD step (so only the method differs); optionally AdamW as in
   training (`fig3_optimizers`). AR: alpha = 0.2 (the K&K AR-only run), Lopti: eta = 0.4
-  (the Lopti-only run), AR+Lopti: alpha = 0.3, eta = 0.5 (DESIGN.md §2). Lopti makes its
-  two stage steps (low then high). "Rose" means pi_new(o_t) > pi_old(o_t) strictly; A is
-  the GRPO advantage (AR never changes its sign).
+  (the Lopti-only run), AR+Lopti: alpha = 0.3, eta = 0.5 (the reference's K&K launch
+  scripts). Lopti makes its two stage steps (low then high). "Rose" means
+  pi_new(o_t) > pi_old(o_t) strictly; A is the GRPO advantage (AR never changes its sign).
 """
 from __future__ import annotations
 
@@ -86,10 +87,10 @@ BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
 BIN_LABELS = ("[0,.25)", "[.25,.5)", "[.5,.75)", "[.75,1]")
 N_BINS = 4
 
-# DESIGN.md §1: the paper's Figure 1 numbers (Qwen2.5-7B-Instruct-1M, GRPO on K&K).
+# The paper's Figure 1 numbers (Qwen2.5-7B-Instruct-1M, GRPO on K&K).
 PAPER_FIG1 = {"token_share": [0.19, 0.10, 0.10, 0.61],
               "grad_norm": [0.71, 0.36, 0.24, 0.15], "grad_norm_all": 0.82}
-# DESIGN.md §1: Figure 3, share of A > 0 tokens whose probability rose (GRPO, lowest to
+# The paper's Figure 3: share of A > 0 tokens whose probability rose (GRPO, lowest to
 # highest bin, roughly; AR / Lopti lift the high bins to about 0.53).
 PAPER_FIG3 = {"grpo": [0.53, None, None, 0.50], "ar_or_lopti_high_bins": 0.53}
 
@@ -196,7 +197,8 @@ def encode_prompt(record: dict, tokenizer, style: str = "auto") -> list[int]:
 def collect_batch(model, tokenizer, records: list[dict], cfg: DiagConfig):
     """One batch of grouped rollouts with rewards and GRPO advantages.
 
-    cfg.reward = "logic_rl": the Logic-RL reward of the decoded responses (DESIGN.md §3).
+    cfg.reward = "logic_rl": the Logic-RL reward of the decoded responses (reward.py,
+    as in the reference runs).
     cfg.reward = "random": a seeded fair coin, 0 or 1, per response -- for a model that
     never gets the format right (SmolLM2-135M scores -3 on every response, so every group
     is constant and every advantage 0, and no update moves anything). The gradient

@@ -1,6 +1,6 @@
 """Evaluation on K&K: batched greedy (or sampled) decoding, scored by the Logic-RL reward.
 
-The paper's metric (DESIGN.md §3): accuracy = share of puzzles whose greedy response
+The paper's metric (its K&K results table): accuracy = share of puzzles whose greedy response
 scores 3 (format right, every role right), reported per size (3..7 people, the official
 test sets, 100 each) and averaged over sizes. Besides accuracy we report how the other
 responses failed, because for a small model that is what moves first:

@@ -37,7 +37,7 @@ Two styles, both correct by construction (tests/test_explain.py replays every st
     Tokenization matters for a model this small: every line that starts with a name is
     indented ("  Amelia"), so a name is always the same token (" Amelia"), in the quiz,
     the claims, the node lines and the checks; a lookup is then an exact token match.
-    (Revised by the models engineer, issue 3, from an earlier version that wrote bare T/F
+    (Revised from an earlier version that wrote bare T/F
     in place of the names, which needs two chained lookups per value.)
 
 Compact claim notation: a leaf is a literal — "X" (X is a knight) or "not X" (X is a

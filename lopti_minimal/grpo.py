@@ -1,7 +1,7 @@
 """GRPO: group advantages, token log-probs, the clipped surrogate with dual clip, the k3 KL
 penalty, token-mean aggregation and the (mini-/micro-)batched update.
 
-Everything follows DESIGN.md §2 and the paper's reference implementation (a fork of the
+Everything follows the paper's GRPO objective and its reference implementation (a fork of the
 verl RL framework: `compute_policy_loss`, `kl_penalty` and `agg_loss` in
 verl/trainer/ppo/core_algos.py, `update_policy` in verl/workers/actor/dp_actor.py, and
 the K&K launch scripts for the defaults). The code is written from the formulas; the
@@ -29,7 +29,7 @@ class GRPOConfig:
     """All GRPO defaults, with where they come from.
 
     Reference = the AR-Lopti K&K launch scripts (scripts/train_kklogic_*_4x80GB.sh) and
-    the verl config / workers of that fork. DESIGN.md §4 summarises them.
+    the verl config / workers of that fork.
     """
 
     group_size: int = 8            # rollout.n = 8 responses per prompt
@@ -163,7 +163,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) per token (DESIGN.md §2):
+    """k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) per token (verl's `kl_penalty`
+    in the reference fork):
 
         k3 = exp(ref - logp) - (ref - logp) - 1,   clamped to [-10, 10].
 

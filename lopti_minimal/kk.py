@@ -5,7 +5,7 @@ Low-Probability Tokens Over-Dominate in RL for LLMs") measured GRPO, Advantage R
 and Lopti.  The puzzles come from the generator of Xie et al. 2024, "On Memorization of Large
 Language Models in Logical Reasoning" (MIT licence; `lib_kk.py` and `data_gen_kk.py` of the
 mem-kk-logic repository), as prepared for RL by Logic-RL.  Everything here is written anew
-from that description (see DESIGN.md §3); the random draws are made in the same order and
+from that description (Xie et al. 2024); the random draws are made in the same order and
 with the same numpy `Generator` calls as the original, so for the same seed this module
 produces the same puzzles, names and speech templates as the original generator (the tests
 check this against the official test files, whose puzzles are problems 1000.. of seed 1234).

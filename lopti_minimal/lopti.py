@@ -1,7 +1,7 @@
 """Low-Probability Token Isolation (Lopti), paper Algorithm 1.
 
-Low-probability tokens dominate a joint update with their large gradients (DESIGN.md §1)
-and move the probabilities of the high-probability tokens more than those tokens' own
+Low-probability tokens dominate a joint update with their large gradients (paper Prop. 4.2,
+Fig. 1) and move the probabilities of the high-probability tokens more than those tokens' own
 gradients do. Lopti separates them in time:
 
     1. split the response tokens by pi_old(o_t) < eta           (eta = 0.5; 0.4 Lopti-only)

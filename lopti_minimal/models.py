@@ -1,6 +1,6 @@
 """Models: the tiny Llama presets, and one loader for any causal LM.
 
-Two tiers (DESIGN.md section 6):
+Two tiers:
 - the *tiny* tier: a Llama-architecture model from ``transformers`` with a small config and
   our own K&K tokenizer (tokenizer.py), trained from scratch on a CPU (warmstart.py);
 - the *pretrained* tier: any Hugging Face causal LM, from a local directory, a hub id (where
@@ -9,10 +9,10 @@ Two tiers (DESIGN.md section 6):
 Both are ordinary ``PreTrainedModel`` objects, so the RL code never cares which tier it
 trains, and both are saved with ``save_pretrained``.
 
-Prompting (DESIGN.md section 5, "an instruct model needs its chat template, or it never
-stops"): ``kk_prompt`` builds the official Qwen-style system + user prompt through the
-tokenizer's chat template for instruct models, and the compact prompt for our tiny model,
-which has no chat template.
+Prompting (a known pitfall of GRPO implementations: an instruct model needs its chat
+template, or it never stops): ``kk_prompt`` builds the official Qwen-style system + user
+prompt through the tokenizer's chat template for instruct models, and the compact prompt
+for our tiny model, which has no chat template.
 """
 from __future__ import annotations
 
@@ -231,7 +231,8 @@ def load_model_and_tokenizer(source: str, dtype: torch.dtype | None = None,
     check_tokenizer_matches(model, tokenizer)
     if tokenizer.pad_token is None:
         # Some instruct tokenizers ship without pad; eos as pad is safe because our masks
-        # come from lengths, not from comparing ids with pad (DESIGN.md section 5).
+        # come from lengths, not from comparing ids with pad (a known pitfall: pad == eos
+        # must not mask the sampled EOS).
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model.to(device).eval()

@@ -1,7 +1,7 @@
 """Prompts and supervised target responses for K&K.
 
 Two prompt styles, both ending in "<think>" so that the model's response is what follows
-the opening think tag — exactly the string the Logic-RL reward scores (DESIGN.md §3):
+the opening think tag — exactly the string the Logic-RL reward scores (reward.py):
 
 - `qwen_prompt(quiz)`: the prompt of the paper's runs (Yang et al. 2025, via Logic-RL):
   Qwen2.5-Instruct's ChatML chat template with Logic-RL's system message, already applied.

@@ -1,4 +1,4 @@
-"""The Logic-RL reward for K&K responses (DESIGN.md §3), with its parts for logging.
+"""The Logic-RL reward for K&K responses, with its parts for logging.
 
 Source: `compute_score` in Logic-RL's `verl/utils/reward_score/kk.py`, which the paper's
 reference implementation (Yang et al. 2025, AR/Lopti fork of verl) uses unchanged.

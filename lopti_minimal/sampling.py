@@ -1,11 +1,11 @@
 """Grouped sampling with a KV cache: G responses per prompt, and the log-probs of the
 sampled tokens at the sampling temperature.
 
-GRPO (DESIGN.md §2) needs, for every prompt, a group of G sampled responses, and for
-every sampled token o_t its log-probability log pi_old(o_t) *at the rollout
-temperature* -- the same quantity the trainer recomputes as log pi_theta(o_t), so that
-the ratio pi_theta / pi_old is exactly 1 at the first update on fresh samples
-(DESIGN.md §5).
+GRPO (the objective the paper builds on) needs, for every prompt, a group of G sampled
+responses, and for every sampled token o_t its log-probability log pi_old(o_t) *at the
+rollout temperature* -- the same quantity the trainer recomputes as log pi_theta(o_t), so that
+the ratio pi_theta / pi_old is exactly 1 at the first update on fresh samples (a known
+pitfall of GRPO implementations: old and new log-probs at different temperatures).
 
 Layout (docs/ARCHITECTURE.md): B = prompts x G rows, group-major (rows g*G .. g*G+G-1
 are prompt g's group); input_ids = [left-padded prompt | right-padded response].

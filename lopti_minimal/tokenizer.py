@@ -12,7 +12,8 @@ quotes, newlines and text the model invents during RL.
 Special tokens:
 - bos/eos/pad (``<|bos|>``, ``<|eos|>``, ``<|pad|>``) are *special*: skipped by
   ``decode(..., skip_special_tokens=True)``.  pad is distinct from eos so that a padding
-  mask can never hide the sampled end-of-sequence token (DESIGN.md section 5).
+  mask can never hide the sampled end-of-sequence token, which is trained on (a known
+  pitfall of GRPO implementations: pad == eos masking the sampled EOS).
 - the four tags ``<think> </think> <answer> </answer>`` are ordinary added tokens: always
   one token each (the reward looks for them, and the policy should emit a tag in one
   step), and never stripped by decode.

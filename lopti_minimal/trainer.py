@@ -1,7 +1,8 @@
 """The RL loop: rollouts, rewards, group advantages, AR, the GRPO or Lopti update, logging,
 checkpoints, resume, evaluation.
 
-This module only *composes* the others (Yang et al. 2025, arXiv 2505.12929; DESIGN.md §2):
+This module only *composes* the others (Yang et al. 2025, arXiv 2505.12929: GRPO, AR Eq. 4,
+Lopti Algorithm 1):
 
     for step in 0 .. steps-1:
         prompts   <- the step's slice of the cached RL prompt set      (kk.py, prompts via models.kk_prompt)
@@ -84,7 +85,8 @@ def _default_eval_budget() -> dict:
 class TrainConfig:
     """Everything a run depends on. Defaults = the ``cpu-tiny`` preset (the embedded run:
     the shipped tiny warm-start model on a 2-core CPU). "Reference" means the paper's K&K
-    runs (DESIGN.md §4: the AR-Lopti fork of verl, Qwen2.5-3B/7B, 4 x 80 GB); every
+    runs (the reference's K&K launch scripts, scripts/train_kklogic_*_4x80GB.sh in the
+    AR-Lopti fork of verl: Qwen2.5-3B/7B, 4 x 80 GB); every
     deviation from it is said, with the reason. The GPU presets keep the reference values.
     """
 
@@ -92,7 +94,7 @@ class TrainConfig:
     model: str = "checkpoints/tiny-warm"   # HF folder, hub id or .gguf (models.load_model_and_tokenizer)
     prompt_style: str = "auto"     # models.kk_prompt: chat template for instruct models, compact otherwise
 
-    # --- method (DESIGN.md §2)
+    # --- method (paper Eq. 4 and Algorithm 1)
     method: str = "ar_lopti"       # grpo | ar | lopti | ar_lopti (the paper's best K&K combination)
     alpha: float | None = None     # AR, Eq. 4; None: the paper's value for the method
                                    # (PAPER_SETTINGS: 0.2 AR alone, 0.3 with Lopti)
@@ -572,7 +574,8 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         mask = batch["response_mask"]
         # 3b. log pi_old by the same teacher-forced forward the update uses (verl does
         # this too): under bf16 autocast the sampler's incremental logits differ in the
-        # last bits, and the first ratio must be exactly 1 (DESIGN.md §5).
+        # last bits, and the first ratio must be exactly 1 (a known pitfall of GRPO
+        # implementations).
         if cfg.recompute_old_logprobs:
             batch["old_logprobs"] = batch_logprobs(model, batch, gcfg)
         # 3c. Reference log-probs once per step (both Lopti stages reuse them).

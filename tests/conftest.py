@@ -11,7 +11,7 @@ torch.set_num_threads(int(os.environ.get("LOPTI_TEST_THREADS", "2")))
 
 
 # ---------------------------------------------------------------------------------------
-# Shared model fixtures (issue 3).  Session-scoped: built once per pytest run.
+# Shared model fixtures.  Session-scoped: built once per pytest run.
 # ---------------------------------------------------------------------------------------
 import pytest  # noqa: E402
 

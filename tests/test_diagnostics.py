@@ -1,4 +1,4 @@
-"""Issue 6: every number of diagnostics.py checked by hand on a bare softmax head.
+"""Every number of diagnostics.py checked by hand on a bare softmax head.
 
 The model below is a "bigram" softmax head: h_i = E[x_i] (the final hidden state is the
 embedding of the previous token), logits = W h_i. For the token y sampled after x at
@@ -153,7 +153,7 @@ def interference_case():
 
 def manual_sgd_delta(model, ro, adv, steps, lr, T, kl_coef=0.001):
     """pi_new - pi_old by hand: for each token mask in `steps`, one plain SGD step
-    theta -= lr * grad of the GRPO loss of DESIGN.md §2 restricted to the mask,
+    theta -= lr * grad of the GRPO loss restricted to the mask,
 
         (1/N) sum_{t in mask} [ -A_t rho_t + kl_coef * k3_t ],   N = all valid tokens,
 

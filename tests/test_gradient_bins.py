@@ -1,4 +1,4 @@
-"""Issue 4 test (b): on the warm-started tiny model with sampled K&K responses, the mean
+"""On the warm-started tiny model with sampled K&K responses, the mean
 per-token gradient norm of log p (unit weight) falls from the lowest probability bin
 [0, .25) to the highest [.75, 1] -- with respect to the final hidden state and with
 respect to all parameters -- by more than a factor of 2 (paper Fig. 1(d), Prop. 4.2).

@@ -1,7 +1,7 @@
-"""Issue 4 test (a): the softmax gradient bound behind the paper's Proposition 4.2.
+"""The softmax gradient bound behind the paper's Proposition 4.2.
 
 For logits z and token y, d log softmax(z)_y / dz = e_y - pi, whose norm lies in
-[(1 - pi_y) sqrt(N / (N - 1)), sqrt(2) (1 - pi_y)] (DESIGN.md §1).
+[(1 - pi_y) sqrt(N / (N - 1)), sqrt(2) (1 - pi_y)] (paper §4, the last-layer case of Prop. 4.2).
 """
 import math
 

@@ -1,4 +1,5 @@
-"""GRPO (issue 4, item 2, and the pitfalls of DESIGN.md §5, test e)."""
+"""GRPO, and the known pitfalls of GRPO implementations (zero-variance groups, temperature,
+masks, gradient accumulation, the k3 KL)."""
 import copy
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 4 test (d): Lopti, paper Algorithm 1."""
+"""Lopti, paper Algorithm 1."""
 import copy
 
 import pytest

@@ -1,4 +1,4 @@
-"""Models (issue 3, items 2, 4, 5, 6): tiny presets, the loader, gradient checkpointing
+"""Models: tiny presets, the loader, gradient checkpointing
 on both tiers, dtype/device defaults and one-line errors for bad input."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 4 test (c): Advantage Reweighting, paper Eq. 4."""
+"""Advantage Reweighting, paper Eq. 4."""
 import copy
 
 import torch

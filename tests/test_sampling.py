@@ -1,4 +1,4 @@
-"""Grouped sampling (issue 4, item 1 and test e): greedy equals transformers `generate`,
+"""Grouped sampling: greedy equals transformers `generate`,
 sampled log-probs equal a fresh teacher-forced forward, EOS / padding masks, layout."""
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM

@@ -1,4 +1,4 @@
-"""lopti_minimal/study.py: the multi-seed study (issue 8).
+"""lopti_minimal/study.py: the multi-seed study.
 
 Statistics against hand-computed numbers, aggregation and the report on synthetic run
 directories, skip/resume/refusal logic with a fake train function (no model), and one

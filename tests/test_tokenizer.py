@@ -1,4 +1,4 @@
-"""The tiny model's tokenizer (issue 3, item 1): exact round trips of every official quiz
+"""The tiny model's tokenizer: exact round trips of every official quiz
 and gold answer with no unknown token, single-token tags, special tokens, save/load."""
 from transformers import AutoTokenizer
 

@@ -1,5 +1,5 @@
 """The RL loop (lopti_minimal/trainer.py): config validation, per-step seeding, rollout
-layout, checkpoints, and the exact-resume guarantee (issue 5 §4)."""
+layout, checkpoints, and the exact-resume guarantee."""
 import json
 import math
 

@@ -1,4 +1,4 @@
-"""Issue 7: tutorial.ipynb runs end to end and is committed without outputs.
+"""tutorial.ipynb runs end to end and is committed without outputs.
 
 The notebook is executed with nbclient in a fresh python3 kernel, with the repository root as
 working directory (the notebook imports lopti_minimal from there). Any cell error fails the test.
