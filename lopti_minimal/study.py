@@ -279,15 +279,26 @@ def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> li
             raise StudyError(f"unknown grid {g!r}: choose from {', '.join(GRIDS)}, all")
     names.sort(key=list(GRIDS).index)
     out, seen = [], set()
-    for g in names:
-        n = seeds if g in ("main", "control") else sweep_seeds
-        for seed in range(n):
+
+    def add(g, v, seed):
+        if only and v.method not in only and v.name not in only:
+            return
+        if (v, seed) not in seen:
+            seen.add((v, seed))
+            out.append(RunSpec(preset, v, seed, g))
+
+    # The main grid and its control share the seeds and run seed-major together, so a study
+    # stopped early has complete, paired seeds for both; the sweeps follow.
+    first = [g for g in names if g in ("main", "control")]
+    for seed in range(seeds):
+        for g in first:
             for v in GRIDS[g]:
-                if only and v.method not in only and v.name not in only:
-                    continue
-                if (v, seed) not in seen:
-                    seen.add((v, seed))
-                    out.append(RunSpec(preset, v, seed, g))
+                add(g, v, seed)
+    for g in names:
+        if g not in first:
+            for seed in range(sweep_seeds):
+                for v in GRIDS[g]:
+                    add(g, v, seed)
     return out
 
 

@@ -183,10 +183,11 @@ def test_plan_dedups_shared_runs_and_is_seed_major():
     # reinforce_pp adds REINFORCE++ and REINFORCE++ +AR+Lopti x 3.
     assert len(specs) == 20 + 5 + 6 + 9 + 9 + 3
     assert len({(s.variant, s.seed) for s in specs}) == len(specs)
-    assert [(s.variant.name, s.seed) for s in specs[:5]] == [
-        ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo", 1)]
-    assert all(s.grid == "main" for s in specs[:20])
-    assert [(s.grid, s.variant.name) for s in specs[20:25]] == [("control", "grpo-x2")] * 5
+    # main and control together, seed-major: a study stopped early has complete, paired seeds.
+    assert [(s.variant.name, s.seed) for s in specs[:6]] == [
+        ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo-x2", 0), ("grpo", 1)]
+    assert all(s.grid in ("main", "control") for s in specs[:25])
+    assert [s.seed for s in specs[:25] if s.grid == "control"] == [0, 1, 2, 3, 4]
     assert [s.variant.name for s in specs[25:27]] == ["rpp-grpo", "rpp-ar_lopti-a0.3-e0.5"]
     assert S.run_config(specs[25], "/o").estimator == "reinforce_pp"
     assert max(s.seed for s in specs[25:]) == 2
