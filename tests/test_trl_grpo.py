@@ -1,0 +1,321 @@
+"""`lopti_minimal.trl_grpo.LoptiGRPOTrainer` (TRL's GRPOTrainer + AR + Lopti) makes the same
+update as our `grpo_update` / `lopti_update` on the same completions and rewards.
+
+How the two are fed the same batch, honestly: TRL runs its real training loop
+(`trainer.train()`: prompt tokenization, reward call, advantages, the subclass's pi_old and
+AR, the generation buffer, `_compute_loss`, the optimizer step), with only its sampler
+(`_generate_single_turn`) replaced by one that returns completions sampled beforehand from
+the same model by our sampler. Ours gets those completions and the same reward function and
+computes everything else itself (group advantages, pi_old, AR, the update). The optimizer
+is passed to both as the same recording class, so the gradient of every optimizer step and
+the final parameters can be compared.
+
+Prompts all have the same token length (no left padding): with padded prompts TRL's
+training forward counts the padding in the positions and ours does not (trl_grpo.py,
+design choice 7).
+"""
+import copy
+
+import pytest
+
+trl = pytest.importorskip("trl")   # CI installs it (requirements-trl.txt)
+
+import torch  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+from lopti_minimal import trainer as T  # noqa: E402
+from lopti_minimal.grpo import (batch_logprobs, group_advantages, grpo_update,  # noqa: E402
+                                token_advantages)
+from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
+from lopti_minimal.reweight import reweight_advantages  # noqa: E402
+from lopti_minimal.sampling import sample_groups  # noqa: E402
+from lopti_minimal.trl_grpo import LoptiGRPOTrainer, make_trl_config, trl_grpo_args  # noqa: E402
+
+G = 4
+TEMPERATURE = 0.7
+PROMPTS = ["Alice says Bob is a knight.", "Bob says Carl is a knave.", "Carl says Alice is a knight."]
+# Per-completion rewards, group-major. The last group is constant: its advantage must be 0.
+REWARDS = [3.0, -0.5, -1.0, 3.0, -3.0, 3.0, -1.0, -0.5, 0.1, 0.1, 0.1, 0.1]
+KL = 0.05
+MAX_NEW = 10
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that records the gradient at every step."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, lr=lr)
+        self.grads = []
+
+    def step(self, closure=None):
+        ps = [p for g in self.param_groups for p in g["params"]]
+        self.grads.append(torch.cat([p.grad.flatten() for p in ps]).clone())
+        return super().step(closure)
+
+
+class RecordingAdamW(torch.optim.AdamW):
+    def __init__(self, params, lr, weight_decay):
+        super().__init__(params, lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+        self.grads = []
+
+    def step(self, closure=None):
+        ps = [p for g in self.param_groups for p in g["params"]]
+        self.grads.append(torch.cat([p.grad.flatten() for p in ps]).clone())
+        return super().step(closure)
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    """A nano Llama with a spread-out next-token distribution, its tokenizer, saved to a
+    folder; equal-length prompts; completions sampled from it once by our sampler."""
+    torch.set_num_threads(1)
+    from lopti_minimal.models import tiny_config
+    from lopti_minimal.tokenizer import build_tokenizer, kk_corpus
+
+    out = str(tmp_path_factory.mktemp("trl_nano"))
+    tok = build_tokenizer(kk_corpus(n_per_size=8, sizes=range(3, 6)), vocab_size=400)
+    cfg = tiny_config("nano", len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    cfg.initializer_range = 0.2          # tokens spread over all probability bins
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    model = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+
+    # Equal-length prompts (no left padding): extend each text with filler words until it
+    # tokenizes to exactly L tokens.
+    L = max(len(tok(text=p)["input_ids"]) for p in PROMPTS) + 3
+    prompts = []
+    for p in PROMPTS:
+        candidates = [p]
+        for _ in range(6):
+            candidates = [c + w for c in candidates for w in (" .", " a", " is", " knight")]
+            hit = next((c for c in candidates if len(tok(text=c)["input_ids"]) == L), None)
+            if hit:
+                break
+        assert hit, "could not equalise prompt lengths"
+        prompts.append(hit)
+    prompt_ids = [tok(text=p)["input_ids"] for p in prompts]
+
+    ro = sample_groups(model, prompt_ids, group_size=G, max_new_tokens=MAX_NEW, temperature=TEMPERATURE,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                       generator=torch.Generator().manual_seed(0))
+    lengths = ro.response_mask.sum(1).long().tolist()
+    # Unequal lengths, so that padding is exercised: row i keeps its first 3 + (5 i mod 8)
+    # tokens (a response cut by a smaller budget is as valid a sample as any).
+    completions = [ro.response_ids[i, :min(n, 3 + (5 * i) % 8)].tolist() for i, n in enumerate(lengths)]
+    assert len(set(map(len, completions))) > 3
+    return dict(dir=out, tok=tok, prompts=prompts, prompt_ids=prompt_ids, completions=completions)
+
+
+def reward_of(setting):
+    table = {}
+    for c, r in zip(setting["completions"], REWARDS):
+        table.setdefault(tuple(c), r)       # identical completions must score alike
+    rewards = [table[tuple(c)] for c in setting["completions"]]
+
+    def kk_like_reward(completions, completion_ids, **_):
+        return [table[tuple(c)] for c in completion_ids]
+    return kk_like_reward, torch.tensor(rewards)
+
+
+def config(method, grad_clip=1e9, lr=1e-3):
+    return T.make_config("ci", method=method, group_size=G, prompts_per_step=len(PROMPTS),
+                         micro_batch_size=6, mini_batch_size=256, temperature=TEMPERATURE,
+                         max_new_tokens=MAX_NEW, kl_coef=KL, lr=lr, grad_clip=grad_clip,
+                         autocast_bf16=False, device="cpu", threads=1)
+
+
+# ------------------------------------------------------------------------------- TRL side
+
+
+def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_clip=1e9, record=None,
+            tmp="/tmp"):
+    from datasets import Dataset
+    cfg = config(method, grad_clip=grad_clip, lr=lr)
+    reward_fn, _ = reward_of(setting)
+    model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
+    opt = (RecordingSGD(model.parameters(), lr=lr) if opt_kind == "sgd"
+           else RecordingAdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay))
+    n_opt_steps = 2 if cfg.uses_lopti else 1
+    args = make_trl_config(cfg, tmp, max_steps=n_opt_steps, report_to="none", save_strategy="no",
+                           logging_steps=1, disable_tqdm=True, shuffle_dataset=False,
+                           dataloader_num_workers=0)
+    trainer = LoptiGRPOTrainer(model=model, reward_funcs=reward_fn, args=args,
+                               train_dataset=Dataset.from_list([{"prompt": p} for p in setting["prompts"]]),
+                               processing_class=setting["tok"], optimizers=(opt, None),
+                               method=method, lopti_order=order)
+
+    # The only replaced piece: sampling returns the fixed completions of each prompt.
+    by_prompt = {}
+    for i, c in enumerate(setting["completions"]):
+        by_prompt.setdefault(tuple(setting["prompt_ids"][i // G]), []).append(c)
+
+    def fixed_generation(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        taken, outs = {}, []
+        for ids in prompt_ids:
+            k = tuple(ids)
+            assert k in by_prompt, "TRL tokenized a prompt differently from ours"
+            outs.append(list(by_prompt[k][taken.get(k, 0)]))
+            taken[k] = taken.get(k, 0) + 1
+        return outs, None
+    trainer._generate_single_turn = fixed_generation
+
+    if record is not None:          # which tokens carry gradient, per micro-step
+        orig_logps, orig_loss = trainer._get_per_token_logps_and_entropies, trainer._compute_loss
+
+        def logps(*a, **k):
+            out = orig_logps(*a, **k)
+            if torch.is_grad_enabled() and out[0].requires_grad:
+                out[0].register_hook(lambda g: record[-1].__setitem__("grad", g.detach().clone()))
+            return out
+
+        def loss(model_, inputs):
+            record.append({"pass": trainer._lopti_pass(), "old": inputs["old_per_token_logps"].clone(),
+                           "mask": inputs["completion_mask"].clone(), "adv": inputs["advantages"].clone()})
+            return orig_loss(model_, inputs)
+        trainer._get_per_token_logps_and_entropies = logps
+        trainer._compute_loss = loss
+
+    p0 = flat(model)
+    trainer.train()
+    assert trainer.state.global_step == n_opt_steps
+    return p0, flat(trainer.model), opt.grads
+
+
+# ------------------------------------------------------------------------------- our side
+
+
+def run_ours(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_clip=1e9):
+    cfg = config(method, grad_clip=grad_clip, lr=lr)
+    gcfg = cfg.grpo_config()
+    tok = setting["tok"]
+    _, rewards = reward_of(setting)
+    model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
+    ref = copy.deepcopy(model).eval()
+    opt = (RecordingSGD(model.parameters(), lr=lr) if opt_kind == "sgd"
+           else RecordingAdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay))
+    comps = setting["completions"]
+    R = max(len(c) for c in comps)
+    resp = torch.tensor([c + [tok.pad_token_id] * (R - len(c)) for c in comps])
+    rmask = torch.tensor([[1.0] * len(c) + [0.0] * (R - len(c)) for c in comps])
+    prompts = torch.tensor([setting["prompt_ids"][i // G] for i in range(len(comps))])
+    batch = {"input_ids": torch.cat([prompts, resp], 1),
+             "attention_mask": torch.cat([torch.ones_like(prompts), rmask.long()], 1),
+             "response_mask": rmask, "prompt_len": prompts.shape[1]}
+    batch["old_logprobs"] = batch_logprobs(model, batch, gcfg)
+    adv = token_advantages(group_advantages(rewards, G), rmask)
+    if cfg.uses_ar:
+        adv = reweight_advantages(adv, batch["old_logprobs"], cfg.alpha)
+    batch["advantages"] = adv
+    p0 = flat(model)
+    if cfg.uses_lopti:
+        lopti_update(model, ref, opt, batch, gcfg, eta=cfg.eta, order=order)
+    else:
+        grpo_update(model, ref, opt, batch, gcfg)
+    low, high = split_by_probability(batch["old_logprobs"], rmask, cfg.eta)
+    return p0, flat(model), opt.grads, (low.sum().item(), high.sum().item())
+
+
+# ------------------------------------------------------------------------------- tests
+
+
+def test_mapping_table():
+    cfg = T.make_config("ci", method="ar_lopti", group_size=8, prompts_per_step=8, micro_batch_size=16)
+    a = trl_grpo_args(cfg, "/tmp/x")
+    assert (a["epsilon"], a["epsilon_high"], a["delta"], a["beta"]) == (0.20, 0.24, 10.0, cfg.kl_coef)
+    assert (a["loss_type"], a["scale_rewards"], a["num_iterations"]) == ("dapo", "group", 2)
+    assert a["per_device_train_batch_size"] * a["gradient_accumulation_steps"] == 64
+    assert trl_grpo_args(T.make_config("ci", method="ar"), "/tmp/x")["num_iterations"] == 1
+    with pytest.raises(ValueError):
+        trl_grpo_args(T.make_config("ci", method="lopti", ppo_epochs=2), "/tmp/x")
+
+
+MAX_DIFFS = {}
+
+
+@pytest.mark.parametrize("method", ["grpo", "ar", "lopti", "ar_lopti"])
+def test_sgd_update_equals_ours(setting, method, tmp_path):
+    """Parameters after the update (one SGD step, two for Lopti) equal ours."""
+    p0, p_trl, g_trl = run_trl(setting, method, tmp=str(tmp_path))
+    q0, p_ours, g_ours, (n_low, n_high) = run_ours(setting, method)
+    assert torch.equal(p0, q0)
+    if method in ("lopti", "ar_lopti"):
+        assert n_low > 0 and n_high > 0, "both Lopti stages must have tokens in this batch"
+    assert len(g_trl) == len(g_ours) == (2 if "lopti" in method else 1)
+    d_trl, d_ours = p_trl - p0, p_ours - p0
+    scale = float(d_ours.abs().max())
+    assert scale > 1e-6, "the update must move the weights"
+    diff = float((d_trl - d_ours).abs().max())
+    MAX_DIFFS[method] = (diff, scale)
+    print(f"{method}: max |update_TRL - update_ours| = {diff:.3e} (max |update| {scale:.3e})")
+    assert diff <= 1e-4 * scale
+    for a, b in zip(g_trl, g_ours):
+        assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
+
+
+def test_methods_differ(setting):
+    """The parity above could not pass by accident: AR changes the update, and each Lopti
+    stage's gradient differs from GRPO's full gradient, by far more than the tolerance.
+    (Lopti's two SGD steps together equal GRPO's one to first order in the lr -- the
+    stages' gradients add up to the full one -- which is why its stages are compared.)"""
+    base = run_ours(setting, "grpo")
+    u0 = base[1] - base[0]
+    ar = run_ours(setting, "ar")
+    assert float(((ar[1] - ar[0]) - u0).abs().max()) > 0.05 * float(u0.abs().max())
+    full = base[2][0]
+    for m in ("lopti", "ar_lopti"):
+        stage1, stage2 = run_ours(setting, m)[2]
+        for g in (stage1, stage2):
+            assert float((g - full).abs().max()) > 0.05 * float(full.abs().max())
+
+
+def test_adamw_gradients_equal_ours(setting, tmp_path):
+    """AR+Lopti with AdamW (betas, weight decay of the config) and the real clip 1.0: the
+    gradient of each stage equals ours, stage 2's taken on the parameters stage 1 produced,
+    and so do the final weights.
+
+    At the reference's lr 1e-6. AdamW's first step is lr * g / (|g| + eps): a gradient
+    component at float-rounding level moves its weight by a sizeable fraction of lr in a
+    direction the rounding picks, so at lr 1e-3 stage 2's gradient differs from ours by
+    ~2e-3 of its scale (measured) for that reason alone; the SGD test covers large steps.
+    """
+    lr = 1e-6
+    p0, p_trl, g_trl = run_trl(setting, "ar_lopti", opt_kind="adamw", lr=lr, grad_clip=1.0,
+                               tmp=str(tmp_path))
+    _, p_ours, g_ours, _ = run_ours(setting, "ar_lopti", opt_kind="adamw", lr=lr, grad_clip=1.0)
+    assert len(g_trl) == len(g_ours) == 2
+    for a, b in zip(g_trl, g_ours):
+        diff = float((a - b).abs().max())
+        print(f"AdamW grad: max abs diff {diff:.3e} (max |grad| {float(b.abs().max()):.3e})")
+        assert diff <= 1e-4 * float(b.abs().max())
+    diff = float((p_trl - p_ours).abs().max())
+    print(f"AdamW weights: max abs diff {diff:.3e} (max |update| {float((p_ours - p0).abs().max()):.3e})")
+    # The lr-1e-6 update is ~100 float32 ulps of the weights: allow one rounding step.
+    assert diff <= 2 * torch.finfo(torch.float32).eps * float(p0.abs().max())
+    assert float((p_ours - p0).abs().max()) > 50 * diff
+
+
+@pytest.mark.parametrize("order", ["low_first", "high_first"])
+def test_lopti_stage_order(setting, order, tmp_path):
+    """Which tokens carry gradient in each TRL pass: pass 0 only the first stage's tokens
+    (pi_old < eta for low_first, the others for high_first), pass 1 only the second's; every
+    token of the stage with a non-zero advantage does carry gradient."""
+    record = []
+    _, _, _ = run_trl(setting, "lopti", order=order, record=record, tmp=str(tmp_path))
+    eta = T.paper_settings("lopti")["eta"]
+    assert sorted({r["pass"] for r in record}) == [0, 1]
+    for r in record:
+        low = (r["old"].exp() < eta) & (r["mask"] > 0)
+        high = (~low) & (r["mask"] > 0)
+        first = low if order == "low_first" else high
+        stage = first if r["pass"] == 0 else (high if order == "low_first" else low)
+        carries = r["grad"] != 0
+        assert not (carries & ~stage).any(), "a token outside the stage carries gradient"
+        adv = r["adv"] if r["adv"].dim() == 2 else r["adv"].unsqueeze(1).expand_as(stage)
+        assert (carries | ~(stage & (adv != 0))).all(), "a stage token with advantage has no gradient"
+        assert stage.any()
