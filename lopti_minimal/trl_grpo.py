@@ -65,6 +65,12 @@ Design choices, in order of importance:
    clip(rho) <= 1 + eps_high < delta. Values and gradients are the same as the dual clip
    whenever 1 + eps_high < c (checked). So `delta = clip_c`.
 
+6b. The KL term is k3(pi_theta, pi_ref) alone, as in the reference (verl `kl_penalty`,
+   "low_var_kl", added to the loss with `kl_loss_coef`). TRL 1.16 multiplies it by the
+   ratio rho_t by default (`use_bias_correction_kl=True`); the mapping turns that off. The
+   two agree when rho = 1 (the first pass of a fresh batch) and differ afterwards, e.g. in
+   Lopti's second stage -- tests/test_trl_grpo.py found it on ratios far from 1.
+
 7. What TRL cannot express (a real difference, small): our k3 KL is clamped to [-10, 10]
    and both log-ratios to [-20, 20] (verl `kl_penalty`); TRL's are not clamped. They
    differ only on a token with |log pi_ref - log pi_theta| > ~2.6 or a ratio > e^20.
@@ -108,6 +114,7 @@ TRL_MAPPING = (
     ("eps_high", "epsilon_high", "upper clip ('clip-higher'): rho <= 1 + eps_high"),
     ("clip_c", "delta", "dual clip for A < 0: TRL caps the unclipped ratio at delta (design choice 6)"),
     ("kl_coef", "beta", "k3 KL to the frozen initial policy; TRL's k3 is not clamped (choice 7)"),
+    ("(plain k3)", "use_bias_correction_kl=False", "TRL 1.16's default True multiplies k3 by rho; the reference's KL loss is k3 alone"),
     ("grad_accum='global', token-mean", "loss_type='dapo'", "sum over the step's tokens / their count"),
     ("(group advantage)", "scale_rewards='group'", "divide by the group std; eps and equal groups fixed by the subclass (choice 5)"),
     ("(token ratio)", "importance_sampling_level='token'", "rho per token, as Eq. 1"),
@@ -171,6 +178,7 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, **overrides) -> dict:
         # the objective (paper Eq. 1 with the reference's settings)
         epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, delta=cfg.clip_c, beta=cfg.kl_coef,
         loss_type="dapo", scale_rewards="group", importance_sampling_level="token",
+        use_bias_correction_kl=False,       # TRL 1.16 defaults to True: k3 * rho (choice 6b)
         multi_objective_aggregation="sum_then_normalize",
         # batching: one optimizer step per mini-batch, per pass
         per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,

@@ -229,6 +229,7 @@ def test_mapping_table():
     a = trl_grpo_args(cfg, "/tmp/x")
     assert (a["epsilon"], a["epsilon_high"], a["delta"], a["beta"]) == (0.20, 0.24, 10.0, cfg.kl_coef)
     assert (a["loss_type"], a["scale_rewards"], a["num_iterations"]) == ("dapo", "group", 2)
+    assert a["use_bias_correction_kl"] is False and a["mask_truncated_completions"] is False
     assert a["per_device_train_batch_size"] * a["gradient_accumulation_steps"] == 64
     assert trl_grpo_args(T.make_config("ci", method="ar"), "/tmp/x")["num_iterations"] == 1
     with pytest.raises(ValueError):
@@ -309,6 +310,12 @@ def test_lopti_stage_order(setting, order, tmp_path):
     _, _, _ = run_trl(setting, "lopti", order=order, record=record, tmp=str(tmp_path))
     eta = T.paper_settings("lopti")["eta"]
     assert sorted({r["pass"] for r in record}) == [0, 1]
+    # pi_old is not recomputed between the stages: pass 1 replays the same micro-batches
+    # with the very old log-probs of pass 0.
+    n = len(record) // 2
+    assert [r["pass"] for r in record] == [0] * n + [1] * n
+    for a, b in zip(record[:n], record[n:]):
+        assert torch.equal(a["old"], b["old"]) and torch.equal(a["mask"], b["mask"])
     for r in record:
         low = (r["old"].exp() < eta) & (r["mask"] > 0)
         high = (~low) & (r["mask"] > 0)
@@ -319,3 +326,82 @@ def test_lopti_stage_order(setting, order, tmp_path):
         adv = r["adv"] if r["adv"].dim() == 2 else r["adv"].unsqueeze(1).expand_as(stage)
         assert (carries | ~(stage & (adv != 0))).all(), "a stage token with advantage has no gradient"
         assert stage.any()
+
+
+def test_delta_is_the_dual_clip(setting, tmp_path):
+    """Design choice 6: TRL's `delta` = our dual clip c = 10, value and gradient, on ratios far
+    from 1. The subclass's `_compute_loss` gets a prepared batch whose pi_old makes some
+    ratios 20 (dual clip active where A < 0), some 0.05, some near 1; our `policy_loss` +
+    `kl_k3` with a token-mean must give the same loss and gradient. Without delta TRL's
+    loss differs (so the check is sensitive)."""
+    from lopti_minimal.grpo import kl_k3, policy_loss, token_logprobs
+    from datasets import Dataset
+    cfg = config("grpo")
+    reward_fn, _ = reward_of(setting)
+    tok = setting["tok"]
+    model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
+    trainer = LoptiGRPOTrainer(
+        model=model, reward_funcs=reward_fn, processing_class=tok, method="grpo",
+        train_dataset=Dataset.from_list([{"prompt": p} for p in setting["prompts"]]),
+        args=make_trl_config(cfg, str(tmp_path), report_to="none", save_strategy="no",
+                             disable_tqdm=True, dataloader_num_workers=0))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    comps = setting["completions"]
+    B, R = len(comps), max(len(c) for c in comps)
+    cids = torch.tensor([c + [tok.pad_token_id] * (R - len(c)) for c in comps])
+    cmask = torch.tensor([[1] * len(c) + [0] * (R - len(c)) for c in comps])
+    pids = torch.tensor([setting["prompt_ids"][i // G] for i in range(B)])
+    ids, am = torch.cat([pids, cids], 1), torch.cat([torch.ones_like(pids), cmask], 1)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        logp0 = token_logprobs(model, ids, am, pids.shape[1], TEMPERATURE)
+    shift = torch.tensor([3.0, -3.0, 0.05, -0.05])[torch.randint(0, 4, (B, R), generator=gen)]
+    old = (logp0 - shift) * cmask                       # ratio = e^shift: 20, 0.05, ~1
+    ref = (logp0 + 0.5 * torch.randn(B, R, generator=gen)) * cmask   # |log-ratio| < 2.6: no k3 clamp
+    adv = torch.randn(B, R, generator=gen) * cmask      # both signs, per token
+    m = cmask.float()
+    assert ((shift == 3.0) & (adv < 0) & (m > 0)).any(), "no dual-clipped token"
+    inputs = {"prompt_ids": pids, "prompt_mask": torch.ones_like(pids), "completion_ids": cids,
+              "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old,
+              "ref_per_token_logps": ref, "num_items_in_batch": cmask.sum()}
+
+    def trl_loss_and_grad():
+        model.zero_grad()
+        loss = trainer._compute_loss(model, dict(inputs))
+        loss.backward()
+        return float(loss), torch.cat([p.grad.flatten() for p in model.parameters()]).clone()
+
+    l_trl, g_trl = trl_loss_and_grad()
+    model.zero_grad()
+    logp = token_logprobs(model, ids, am, pids.shape[1], TEMPERATURE)
+    pg, st = policy_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, cfg.clip_c)
+    assert st["dual_clipped"][m > 0].any()
+    ours = ((pg + cfg.kl_coef * kl_k3(logp, ref)) * m).sum() / m.sum()
+    ours.backward()
+    g_ours = torch.cat([p.grad.flatten() for p in model.parameters()])
+    print(f"delta = clip_c: |loss diff| {abs(l_trl - float(ours)):.3e}, "
+          f"max |grad diff| {float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
+    assert abs(l_trl - float(ours)) <= 1e-5 * abs(float(ours)) + 1e-7
+    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
+    trainer.args.delta = None                           # plain TRL clipping: no dual clip
+    l_plain, _ = trl_loss_and_grad()
+    assert abs(l_plain - float(ours)) > 1e-3 * abs(float(ours))
+    trainer.args.delta = cfg.clip_c
+    trainer.args.use_bias_correction_kl = True          # TRL's default: k3 * rho
+    l_corr, _ = trl_loss_and_grad()
+    assert abs(l_corr - float(ours)) > 1e-3 * abs(float(ours))
+
+
+def test_core_does_not_import_trl():
+    """The core package, the trainer and the CLI never import TRL or this module."""
+    import subprocess
+    import sys
+    code = ("import sys, lopti_minimal, lopti_minimal.trainer, lopti_minimal.grpo, lopti_minimal.lopti; "
+            "import train; "
+            "assert 'trl' not in sys.modules and 'lopti_minimal.trl_grpo' not in sys.modules, "
+            "[m for m in sys.modules if 'trl' in m]")
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
