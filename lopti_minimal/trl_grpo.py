@@ -80,8 +80,9 @@ Design choices, in order of importance:
    default here, P x G <= 256) they are the same. An empty Lopti stage: TRL still makes
    the optimizer step (on a zero gradient, as the reference does), ours skips it
    (lopti.py). Prompts of unequal length: TRL left-pads them and its training forward
-   gives the model no position ids (positions count the padding), ours derives the
-   positions from the attention mask; equal with unpadded prompts.
+   passes no position ids (the positions count the padding), ours derives the positions
+   from the attention mask. Rotary models (Llama, Qwen) attend by position differences
+   only, so this moves nothing but rounding; the parity test uses unpadded prompts.
 
 8. One table, `trl_grpo_args(cfg)`, maps every relevant `TrainConfig` field onto a TRL
    `GRPOConfig` argument and `TRL_MAPPING` says why; `NOT_IN_TRL` lists the rest.
@@ -119,7 +120,7 @@ TRL_MAPPING = (
     ("(group advantage)", "scale_rewards='group'", "divide by the group std; eps and equal groups fixed by the subclass (choice 5)"),
     ("(token ratio)", "importance_sampling_level='token'", "rho per token, as Eq. 1"),
     ("micro_batch_size", "per_device_train_batch_size", "responses per forward/backward"),
-    ("prompts_per_step x G", "gradient_accumulation_steps x per_device_train_batch_size", "one optimizer step per generation batch (per stage)"),
+    ("prompts_per_step x G", "gradient_accumulation_steps x per_device_train_batch_size x processes", "one optimizer step per generation batch (per stage); our sizes are global, TRL's per device"),
     ("mini_batch_size", "steps_per_generation", "optimizer steps per pass = ceil(P x G / mini_batch_size) (choice 7)"),
     ("method lopti / ar_lopti", "num_iterations=2", "Algorithm 1: two passes, stage = pass (choice 3)"),
     ("ppo_epochs", "num_iterations", "GRPO / AR: passes over each generation batch; Lopti needs ppo_epochs = 1"),
@@ -145,9 +146,14 @@ NOT_IN_TRL = {
 }
 
 
-def trl_grpo_args(cfg: TrainConfig, output_dir: str, **overrides) -> dict:
+def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **overrides) -> dict:
     """Keyword arguments for TRL's `GRPOConfig` equivalent to our `cfg` (TRL_MAPPING).
 
+    num_processes: the data-parallel processes (GPUs) of `accelerate launch`. Our batch
+    sizes are global (P x G responses per step, `mini_batch_size` per optimizer step), TRL's
+    per device, so each process gets 1 / num_processes of the rows; the "dapo" normalizer
+    divides the gathered token count by num_processes and DDP / DeepSpeed average the
+    gradients, so the loss stays the token-mean over the whole step.
     `overrides` win (e.g. max_steps, logging, report_to). Raises ValueError where a
     setting has no exact TRL equivalent that matters for the method (see NOT_IN_TRL).
     """
@@ -160,11 +166,15 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, **overrides) -> dict:
     if not cfg.clip_c > 1.0 + cfg.eps_high:
         raise ValueError("TRL's delta equals the dual clip only if clip_c > 1 + eps_high")
     n_rows = cfg.prompts_per_step * cfg.group_size
-    micro = min(cfg.micro_batch_size, n_rows)
     mini = min(cfg.mini_batch_size, n_rows)
-    if n_rows % mini or mini % micro:
+    if n_rows % mini or mini % num_processes:
         raise ValueError(f"P x G = {n_rows} must be a multiple of the mini-batch {mini}, itself a "
-                         f"multiple of the micro-batch {micro} (TRL splits whole per-device batches)")
+                         f"multiple of the {num_processes} processes")
+    rows, mini = n_rows // num_processes, mini // num_processes       # per process
+    micro = min(cfg.micro_batch_size, mini)
+    if mini % micro:
+        raise ValueError(f"the per-process mini-batch {mini} must be a multiple of the micro-batch "
+                         f"{micro} (TRL splits whole per-device batches)")
     args = dict(
         output_dir=output_dir,
         # sampling
@@ -182,7 +192,7 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, **overrides) -> dict:
         multi_objective_aggregation="sum_then_normalize",
         # batching: one optimizer step per mini-batch, per pass
         per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,
-        steps_per_generation=n_rows // micro,
+        steps_per_generation=rows // micro,
         num_iterations=2 if cfg.uses_lopti else cfg.ppo_epochs,
         # numerics, hardware
         bf16=bool(cfg.autocast_bf16), fp16=False,
@@ -193,9 +203,9 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, **overrides) -> dict:
     return args
 
 
-def make_trl_config(cfg: TrainConfig, output_dir: str, **overrides) -> TRLGRPOConfig:
+def make_trl_config(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **overrides) -> TRLGRPOConfig:
     """TRL's GRPOConfig for our `cfg` (see `trl_grpo_args`)."""
-    return TRLGRPOConfig(**trl_grpo_args(cfg, output_dir, **overrides))
+    return TRLGRPOConfig(**trl_grpo_args(cfg, output_dir, num_processes, **overrides))
 
 
 # ------------------------------------------------------------------------------ trainer

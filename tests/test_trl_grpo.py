@@ -232,6 +232,10 @@ def test_mapping_table():
     assert a["use_bias_correction_kl"] is False and a["mask_truncated_completions"] is False
     assert a["per_device_train_batch_size"] * a["gradient_accumulation_steps"] == 64
     assert trl_grpo_args(T.make_config("ci", method="ar"), "/tmp/x")["num_iterations"] == 1
+    # 8 processes share the global batch: 64 rows per step -> 8 per process.
+    a8 = trl_grpo_args(cfg, "/tmp/x", num_processes=8)
+    assert a8["per_device_train_batch_size"] * a8["gradient_accumulation_steps"] * 8 == 64
+    assert a8["steps_per_generation"] == a8["gradient_accumulation_steps"]
     with pytest.raises(ValueError):
         trl_grpo_args(T.make_config("ci", method="lopti", ppo_epochs=2), "/tmp/x")
 
