@@ -286,10 +286,14 @@ class LoptiGRPOTrainer(GRPOTrainer):
             out["old_per_token_logps"] = old
         adv = out["advantages"]
         if self.paper_advantages:
-            r = (self._last_rewards_per_func
-                 * self.reward_weights.to(self._last_rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+            rpf = self._last_rewards_per_func
+            if torch.isnan(rpf).all(dim=1).any():
+                # TRL excludes such a completion from its group's mean; the paper's formula
+                # has no such case (our K&K reward scores every response).
+                raise ValueError("paper_advantages: a completion got no reward from any reward function")
+            r = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)
             n = len(adv)
-            start = self.accelerator.process_index * n
+            start = self.accelerator.process_index * n        # this process's rows
             adv = group_advantages(r, self.num_generations).to(adv.device)[start:start + n]
         if self.uses_ar:
             # [B] -> [B, T]; padding keeps a finite weight but is masked out of the loss.
