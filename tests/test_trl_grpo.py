@@ -134,7 +134,7 @@ def config(method, grad_clip=1e9, lr=1e-3):
 
 
 def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_clip=1e9, record=None,
-            tmp="/tmp"):
+            tmp="/tmp", paper_advantages=True, scored=None):
     from datasets import Dataset
     cfg = config(method, grad_clip=grad_clip, lr=lr)
     reward_fn, _ = reward_of(setting)
@@ -148,7 +148,7 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
     trainer = LoptiGRPOTrainer(model=model, reward_funcs=reward_fn, args=args,
                                train_dataset=Dataset.from_list([{"prompt": p} for p in setting["prompts"]]),
                                processing_class=setting["tok"], optimizers=(opt, None),
-                               method=method, lopti_order=order)
+                               method=method, lopti_order=order, paper_advantages=paper_advantages)
 
     # The only replaced piece: sampling returns the fixed completions of each prompt.
     by_prompt = {}
@@ -164,6 +164,15 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
             taken[k] = taken.get(k, 0) + 1
         return outs, None
     trainer._generate_single_turn = fixed_generation
+
+    if scored is not None:          # the generation batch as scored, before TRL shuffles it
+        orig_score = trainer._generate_and_score_completions
+
+        def score(inputs):
+            out = orig_score(inputs)
+            scored.append({k: (v.clone() if torch.is_tensor(v) else v) for k, v in out.items()})
+            return out
+        trainer._generate_and_score_completions = score
 
     if record is not None:          # which tokens carry gradient, per micro-step
         orig_logps, orig_loss = trainer._get_per_token_logps_and_entropies, trainer._compute_loss
@@ -261,6 +270,30 @@ def test_sgd_update_equals_ours(setting, method, tmp_path):
     assert diff <= 1e-4 * scale
     for a, b in zip(g_trl, g_ours):
         assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
+
+
+def test_group_advantages_are_the_papers(setting, tmp_path):
+    """Design choice 5: the advantages the subclass hands to TRL's loss are exactly
+    group_advantages (std + 1e-6, the constant group 0), and AR's are Eq. 4 of them with
+    the pi_old the subclass computed. TRL's own (std + 1e-4) differ."""
+    _, rewards = reward_of(setting)
+    want = group_advantages(rewards, G)
+    assert torch.equal(want[8:], torch.zeros(4))
+    for method in ("grpo", "ar"):
+        scored = []
+        run_trl(setting, method, tmp=str(tmp_path), scored=scored)
+        out = scored[0]
+        m = out["completion_mask"].float()
+        if method == "grpo":
+            assert torch.equal(out["advantages"], want)
+        else:
+            alpha = T.paper_settings("ar")["alpha"]
+            ar = (alpha * out["old_per_token_logps"].exp() + 1 - alpha) * want.view(-1, 1) * m
+            assert float((out["advantages"] * m - ar).abs().max()) <= 1e-6    # float rounding
+            assert (out["advantages"][m > 0] != want.view(-1, 1).expand_as(m)[m > 0]).any()
+    scored = []
+    run_trl(setting, "grpo", tmp=str(tmp_path), scored=scored, paper_advantages=False)
+    assert float((scored[0]["advantages"] - want).abs().max()) > 1e-6
 
 
 def test_methods_differ(setting):
