@@ -71,7 +71,9 @@ def flat(model):
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory):
     """A nano Llama with a spread-out next-token distribution, its tokenizer, saved to a
-    folder; equal-length prompts; completions sampled from it once by our sampler."""
+    folder; equal-length prompts; completions sampled from it once by our sampler.
+    One torch thread while this module runs (restored afterwards)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     from lopti_minimal.models import tiny_config
     from lopti_minimal.tokenizer import build_tokenizer, kk_corpus
@@ -109,7 +111,8 @@ def setting(tmp_path_factory):
     # tokens (a response cut by a smaller budget is as valid a sample as any).
     completions = [ro.response_ids[i, :min(n, 3 + (5 * i) % 8)].tolist() for i, n in enumerate(lengths)]
     assert len(set(map(len, completions))) > 3
-    return dict(dir=out, tok=tok, prompts=prompts, prompt_ids=prompt_ids, completions=completions)
+    yield dict(dir=out, tok=tok, prompts=prompts, prompt_ids=prompt_ids, completions=completions)
+    torch.set_num_threads(threads)
 
 
 def reward_of(setting):
