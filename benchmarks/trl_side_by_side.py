@@ -38,9 +38,13 @@ What cannot be matched exactly, and is part of what is compared:
   detached current log-probs, ratio 1); ours recomputes them by a teacher-forced forward
   (`recompute_old_logprobs=True`, as verl does), one extra no-grad forward per step --
   pass --no-recompute-old to drop it from ours as well;
-- TRL has no dual clip (clip_ratio_c = 10); its rewards are normalised by the group std
-  (scale_rewards="group") like ours; the loss is otherwise the same token-level clipped
-  surrogate plus beta x k3;
+- the loss is the same token-level clipped surrogate plus beta x k3: the dual clip
+  (clip_ratio_c = 10) is TRL's `delta`, the plain k3 needs use_bias_correction_kl=False
+  (TRL 1.16 multiplies it by the ratio by default), rewards are normalised by the group
+  std (scale_rewards="group") like ours;
+- --method ar | lopti | ar_lopti runs our subclass `LoptiGRPOTrainer`
+  (lopti_minimal/trl_grpo.py, configured by its `make_trl_config`) on the TRL side; a
+  Lopti RL step is two TRL optimizer steps (num_iterations=2), timed together;
 - the samplers' random streams differ, and so do the responses and their lengths: the
   tokens generated per step are printed beside the times (and seconds per 1,000 response
   tokens), so an unequal amount of work is visible;
@@ -84,7 +88,9 @@ def parse_args(argv=None):
     ap.add_argument("--micro-batch-size", type=int, help="default: the preset's (capped at P x G)")
     ap.add_argument("--steps", type=int, default=3, help="measured steps N")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured first steps W")
-    ap.add_argument("--method", default="grpo", help="our method (TRL implements GRPO)")
+    ap.add_argument("--method", default="grpo",
+                    help="grpo: TRL's GRPOTrainer; ar | lopti | ar_lopti: our subclass LoptiGRPOTrainer "
+                         "(lopti_minimal/trl_grpo.py) on the TRL side, the same method on ours")
     ap.add_argument("--no-recompute-old", action="store_true",
                     help="ours without the teacher-forced recompute of pi_old (as TRL here)")
     ap.add_argument("--order", choices=["trl-first", "ours-first"], default="trl-first")
@@ -155,7 +161,19 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
         return [float(score_response(c, json.loads(r)).total) for c, r in zip(completions, kk_record)]
 
     out_dir = tempfile.mkdtemp(prefix="trl-bench-")
-    targs = GRPOConfig(
+    # One RL step = `passes` TRL optimizer steps: 2 for Lopti (one per stage, TRL's
+    # num_iterations=2 over the same generation), else 1.
+    passes = 2 if cfg.method in ("lopti", "ar_lopti") else 1
+    if cfg.method != "grpo":
+        # AR / Lopti: our subclass, configured by its own mapping (lopti_minimal/trl_grpo.py).
+        from lopti_minimal.trl_grpo import LoptiGRPOTrainer, make_trl_config
+        targs = make_trl_config(
+            cfg, out_dir, report_to="none", save_strategy="no", logging_steps=10**6, disable_tqdm=True,
+            max_steps=(args.warmup + args.steps) * passes, shuffle_dataset=False,
+            dataloader_num_workers=0, log_completions=False, use_cpu=True)
+    else:
+        targs = None
+    targs = targs or GRPOConfig(
         output_dir=out_dir, report_to="none", save_strategy="no", logging_steps=10**6,
         disable_tqdm=True, use_cpu=True, bf16=bool(cfg.autocast_bf16), fp16=False,
         gradient_checkpointing=bool(cfg.gradient_checkpointing), seed=cfg.seed,
@@ -167,7 +185,8 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
         learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=cfg.weight_decay, adam_beta1=0.9, adam_beta2=0.999, optim="adamw_torch",
         max_grad_norm=cfg.grad_clip, beta=cfg.kl_coef, epsilon=cfg.eps_low,
-        epsilon_high=cfg.eps_high, num_iterations=1, loss_type="dapo", scale_rewards="group",
+        epsilon_high=cfg.eps_high, delta=cfg.clip_c, use_bias_correction_kl=False,
+        num_iterations=1, loss_type="dapo", scale_rewards="group",
         mask_truncated_completions=False, log_completions=False,
     )
 
@@ -180,8 +199,14 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
         def on_step_end(self, a, state, control, **kw):
             times["end"].append(time.perf_counter())
 
-    trainer = GRPOTrainer(model=model_path(cfg), reward_funcs=kk_reward, args=targs,
-                          train_dataset=dataset, processing_class=tok, callbacks=[Timer()])
+    if cfg.method == "grpo":
+        trainer = GRPOTrainer(model=model_path(cfg), reward_funcs=kk_reward, args=targs,
+                              train_dataset=dataset, processing_class=tok, callbacks=[Timer()])
+    else:
+        trainer = LoptiGRPOTrainer(model=model_path(cfg), reward_funcs=kk_reward, args=targs,
+                                   train_dataset=dataset, processing_class=tok, callbacks=[Timer()],
+                                   method=cfg.method, alpha=cfg.alpha, eta=cfg.eta,
+                                   lopti_order=cfg.lopti_order)
     phase = {"gen": [], "score": []}
     gen_orig, score_orig = trainer._generate_single_turn, trainer._generate_and_score_completions
 
@@ -201,9 +226,11 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
     t_start = time.perf_counter()
     trainer.train()
     W = args.warmup
-    ends = [t_start] + times["end"]
+    # Group TRL's optimizer steps into RL steps (the last optimizer step of each generation).
+    ends = [t_start] + times["end"][passes - 1::passes]
+    begins = times["begin"][::passes]
     interval = [b - a for a, b in zip(ends[:-1], ends[1:])][W:]
-    window = [e - b for b, e in zip(times["begin"], times["end"])][W:]
+    window = [e - b for b, e in zip(begins, times["end"][passes - 1::passes])][W:]
     gen_s = phase["gen"][W:]
     score_s = [s - g for s, g in zip(phase["score"], phase["gen"])][W:]
     tokens = seen["tokens"][W:]
