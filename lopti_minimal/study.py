@@ -409,17 +409,8 @@ def evaluate_warm_start(out, cfg, echo=print, heldout: str | None = None) -> Pat
     path = warm_start_eval_path(out, cfg.preset)
     hpath = path.with_name("warm-start-heldout.json")
     if heldout and not hpath.exists():
-        from .evaluate import evaluate_records, write_report
-        from .kk import load_jsonl
         echo(f"[study] evaluating the warm start {cfg.model} on {heldout} -> {hpath}")
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        model, tok = trainer.load_policy(cfg)
-        report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
-                                  batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
-                                  autocast_bf16=cfg.autocast_bf16, progress=False)
-        report.update(model=cfg.model, data=str(heldout))
-        write_report(report, hpath)
+        _write_heldout(cfg, heldout, hpath)
     if path.exists():
         return path
     from .evaluate import write_report
@@ -481,17 +472,21 @@ def evaluate_heldout(run_dir, cfg, heldout) -> Path:
     data/heldout3.jsonl: 400 three-person puzzles outside the official sets, the RL set and
     the warm start's stream; the official 3-person set has only 100, so its accuracy has a
     standard error of ~0.05). Same numerics and budget as the final evaluation."""
+    run_dir = Path(run_dir)
+    return _write_heldout(cfg, heldout, run_dir / HELDOUT_FILE, source=str(run_dir / "final"))
+
+
+def _write_heldout(cfg, heldout, path: Path, source: str | None = None) -> Path:
+    """Evaluate the policy at ``source`` (default cfg.model) on the K&K file ``heldout``."""
     from .evaluate import evaluate_records, write_report
     from .kk import load_jsonl
-    run_dir = Path(run_dir)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model, tok = trainer.load_policy(cfg, source=str(run_dir / "final"))
+    model, tok = trainer.load_policy(cfg, source=source)
     report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
                               batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
                               autocast_bf16=cfg.autocast_bf16, progress=False)
-    report["data"] = str(heldout)
-    path = run_dir / HELDOUT_FILE
+    report.update(model=source or cfg.model, data=str(heldout))
     write_report(report, path)
     return path
 
