@@ -66,8 +66,8 @@ def parse_args(argv=None):
 
 
 def load_data(a) -> tuple[list[dict], str]:
-    from lopti_minimal import kk
-    from lopti_minimal.evaluate import check_records
+    from lopti_minimal.task import kk
+    from lopti_minimal.task.evaluate import check_records
     if a.data:
         records = []
         for f in a.data:
@@ -89,8 +89,8 @@ def load_data(a) -> tuple[list[dict], str]:
 def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
-    from lopti_minimal.evaluate import (DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table,
-                                        resolve_model_source, write_report)
+    from lopti_minimal.runs import resolve_model_source
+    from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_report
     from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
     try:
         if a.samples < 1:

@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     print(f"  per-step metrics  {p['metrics']}")
     print(f"  final policy      {p['final_model']}   (python eval.py --model {p['run_dir']})")
     if "eval" in p:
-        from lopti_minimal.evaluate import format_table
+        from lopti_minimal.task.evaluate import format_table
         print(f"  evaluation        {p['eval']}")
         print(format_table(result["final_eval"]))
     for f in p.get("plots", []):

@@ -10,7 +10,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lopti_minimal import explain, kk  # noqa: E402
+from lopti_minimal.task import dataset, explain, kk  # noqa: E402
 
 COUNT = int(os.environ.get("KK_BENCH_COUNT", "1000"))
 
@@ -27,7 +27,7 @@ def main():
         kk.generate_problems(n, COUNT, seed=0, exclude=exclude, stats=stats)
         t_prob = time.perf_counter() - t
         t = time.perf_counter()
-        recs = kk.generate_records(n, COUNT, seed=0, exclude=exclude)
+        recs = dataset.generate_records(n, COUNT, seed=0, exclude=exclude)
         t_rec = time.perf_counter() - t
         total += t_rec
         quiz = [len(r["quiz"]) for r in recs]

@@ -109,13 +109,13 @@ class Setup:
     """Model, frozen reference, tokenizer and encoded RL prompts, as `trainer.train` makes them."""
 
     def __init__(self, cfg):
-        from lopti_minimal import trainer as T
+        from lopti_minimal import models, trainer as T
         self.cfg = cfg
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
         records, _ = T.rl_prompt_set(cfg, progress=False)
         self.model, self.tok = T.load_policy(cfg)
         self.ref = T.frozen_copy(self.model) if cfg.kl_coef else None
-        self.records, self.prompt_ids = T.encode_prompts(records, self.tok, cfg.prompt_style,
+        self.records, self.prompt_ids = models.encode_prompts(records, self.tok, cfg.prompt_style,
                                                          cfg.max_prompt_len)
         self.device = next(self.model.parameters()).device
         self.initial = copy.deepcopy(self.model.state_dict())
@@ -234,11 +234,12 @@ def rollout_batch(S: Setup, step: int = 0):
     from lopti_minimal.grpo import (batch_from_rollout, batch_logprobs, group_advantages,
                                     sort_by_length, token_advantages)
     from lopti_minimal.reweight import reweight_advantages
+    from lopti_minimal.sampling import decode_responses
     cfg = S.cfg
     gcfg = cfg.grpo_config()
     records, prompts = S.step_prompts(step)
     ro = T.rollout(S.model, S.tok, prompts, cfg, T.step_generator(cfg.seed, step, S.device))
-    texts = T.decode_responses(S.tok, ro)
+    texts = decode_responses(S.tok, ro)
     recs = [r for r in records for _ in range(cfg.group_size)]
     rewards = torch.tensor([T.default_reward(t, r) for t, r in zip(texts, recs)])
     adv = group_advantages(rewards, cfg.group_size, gcfg.adv_eps).to(S.device)

@@ -100,7 +100,7 @@ def parse_args(argv=None):
 
 
 def load_setting(args):
-    from lopti_minimal import trainer as T
+    from lopti_minimal import models, trainer as T
     from lopti_minimal.models import kk_prompt
     cfg = T.make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
                         group_size=args.group_size, max_new_tokens=args.max_new_tokens,
@@ -115,7 +115,7 @@ def load_setting(args):
                          "(TRL accumulates whole per-device batches)")
     records, _ = T.rl_prompt_set(cfg, progress=False)
     _, tok = T.load_policy(cfg)
-    records, prompt_ids = T.encode_prompts(records, tok, cfg.prompt_style, cfg.max_prompt_len)
+    records, prompt_ids = models.encode_prompts(records, tok, cfg.prompt_style, cfg.max_prompt_len)
     total = args.warmup + args.steps
     steps = []
     for s in range(total):
@@ -139,7 +139,7 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    from lopti_minimal.reward import score_response
+    from lopti_minimal.task.reward import score_response
 
     # TRL tokenizes plain-text prompts with tokenizer(text) (special tokens on): check that
     # this gives the very ids our trainer samples from.

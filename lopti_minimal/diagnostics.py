@@ -188,7 +188,7 @@ def rise_share_resolved(delta_p: torch.Tensor, adv: torch.Tensor, masks: list[to
 
 def encode_prompt(record: dict, tokenizer, style: str = "auto") -> list[int]:
     """Token ids of the K&K prompt. A chat-template prompt already holds its special
-    tokens; the tiny tokenizer adds its BOS (the convention of trainer.encode_prompts)."""
+    tokens; the tiny tokenizer adds its BOS (the convention of models.encode_prompts)."""
     from .models import is_instruct, kk_prompt
     text = kk_prompt(record, tokenizer, style)
     return tokenizer(text, add_special_tokens=not is_instruct(tokenizer))["input_ids"]
@@ -206,7 +206,7 @@ def collect_batch(model, tokenizer, records: list[dict], cfg: DiagConfig):
     docs say so wherever this is used.
 
     Returns (rollout, rewards [B], token advantages [B, R], texts)."""
-    from .reward import score_response
+    from .task.reward import score_response
     from .sampling import sample_groups
     prompt_ids = [encode_prompt(r, tokenizer, cfg.prompt_style) for r in records]
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
@@ -488,9 +488,9 @@ def _jsonable(x):
 
 def run(model, tokenizer, cfg: DiagConfig, log=print) -> dict:
     """Sample one batch of K&K rollouts and analyse it."""
-    from . import kk
-    records = kk.generate_records(cfg.people, cfg.prompts, seed=cfg.seed)
-    from .reward import score_response
+    from .task import dataset
+    records = dataset.generate_records(cfg.people, cfg.prompts, seed=cfg.seed)
+    from .task.reward import score_response
     t0 = time.time()
     ro, rewards, adv, texts = collect_batch(model, tokenizer, records, cfg)
     log(f"  sampled {ro.response_ids.shape[0]} responses, {int(ro.response_mask.sum())} tokens "

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from .task import prompts
+
 
 class ModelLoadError(ValueError):
     """A one-line message saying what is wrong with the input and how to fix it."""
@@ -294,7 +296,6 @@ def kk_prompt(record: dict, tokenizer, style: str = "auto") -> str:
     model's prompt (prompts.compact_prompt); ``"auto"`` — qwen if the tokenizer has a chat
     template, else compact.  Both end in ``"<think>"``.
     """
-    from . import prompts
     if style == "auto":
         style = "qwen" if is_instruct(tokenizer) else "compact"
     if style == "compact":
@@ -310,3 +311,21 @@ def kk_prompt(record: dict, tokenizer, style: str = "auto") -> str:
                 {"role": "user", "content": record["quiz"] + "\n"}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return text + prompts.THINK_OPEN
+
+
+def adds_bos(tokenizer) -> bool:
+    """A chat-template prompt already holds its special tokens (Qwen has no bos); our tiny
+    tokenizer's post-processor adds bos, which its model always saw at position 0."""
+    return not is_instruct(tokenizer)
+
+
+def encode_prompts(records: list[dict], tokenizer, style: str, max_len: int) -> tuple[list[dict], list[list[int]]]:
+    """Prompt token ids (the tokenizer adds bos where its model expects it); prompts longer
+    than max_len tokens are dropped. Returns (kept records, their ids)."""
+    kept, ids = [], []
+    for r in records:
+        p = tokenizer(kk_prompt(r, tokenizer, style), add_special_tokens=adds_bos(tokenizer))["input_ids"]
+        if len(p) <= max_len:
+            kept.append(r)
+            ids.append(p)
+    return kept, ids

@@ -318,3 +318,11 @@ def sample_groups(
     return Rollout(input_ids=input_ids, attention_mask=attention_mask,
                    response_ids=response_ids, response_mask=response_mask,
                    old_logprobs=old_logprobs, prompt_len=P, group_size=group_size)
+
+
+def decode_responses(tokenizer, ro: Rollout) -> list[str]:
+    """Response texts: the sampled tokens up to and including EOS, special tokens dropped
+    (the text the reward sees). Lengths come from the mask, never from the pad id."""
+    lengths = ro.response_mask.sum(1).long().tolist()
+    rows = ro.response_ids.tolist()
+    return [tokenizer.decode(r[:n], skip_special_tokens=True) for r, n in zip(rows, lengths)]

@@ -109,7 +109,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import trainer
+from . import runs, trainer
 from .cli import HelpFormatter
 from .trainer import ROOT, TrainError
 
@@ -339,7 +339,7 @@ def setting_key(cfg) -> str:
 def run_status(run_dir) -> str:
     """"done" (final evaluation written), "resume" (one of our runs, unfinished) or "new"."""
     run_dir = Path(run_dir)
-    if trainer.is_run_dir(run_dir):
+    if runs.is_run_dir(run_dir):
         return "done" if (run_dir / "eval_final.json").exists() else "resume"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise StudyError(f"{run_dir} exists but is not a lopti-minimal run: move it away")
@@ -413,7 +413,7 @@ def evaluate_warm_start(out, cfg, echo=print, heldout: str | None = None) -> Pat
         _write_heldout(cfg, heldout, hpath)
     if path.exists():
         return path
-    from .evaluate import write_report
+    from .task.evaluate import write_report
     echo(f"[study] evaluating the warm start {cfg.model} ({cfg.preset}) -> {path}")
     t0 = time.perf_counter()
     if cfg.threads:
@@ -478,8 +478,8 @@ def evaluate_heldout(run_dir, cfg, heldout) -> Path:
 
 def _write_heldout(cfg, heldout, path: Path, source: str | None = None) -> Path:
     """Evaluate the policy at ``source`` (default cfg.model) on the K&K file ``heldout``."""
-    from .evaluate import evaluate_records, write_report
-    from .kk import load_jsonl
+    from .task.evaluate import evaluate_records, write_report
+    from .task.kk import load_jsonl
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model, tok = trainer.load_policy(cfg, source=source)
@@ -517,14 +517,14 @@ def execute(cfg, status: str, train_fn=None, heldout: str | None = None) -> dict
         err = f"{type(e).__name__}: {e}"
         # Inside the run only if it is one of our runs: a stray file in a directory
         # without run.json would make the trainer refuse to start it next time.
-        if trainer.is_run_dir(run_dir):
+        if runs.is_run_dir(run_dir):
             (run_dir / "study_error.txt").write_text(traceback.format_exc())
         else:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             (run_dir.parent / f"{run_dir.name}.study_error.txt").write_text(traceback.format_exc())
     finally:
         wall = time.perf_counter() - t0
-        if trainer.is_run_dir(run_dir):
+        if runs.is_run_dir(run_dir):
             tpath = run_dir / "study_time.json"
             rec = json.loads(tpath.read_text()) if tpath.exists() else {"wall_s": 0.0, "sessions": []}
             rec["wall_s"] = round(rec["wall_s"] + wall, 1)
@@ -617,7 +617,7 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
         bar.close()
         wall = time.perf_counter() - t0
         out.mkdir(parents=True, exist_ok=True)
-        trainer.append_jsonl(out / "study_log.jsonl", {
+        runs.append_jsonl(out / "study_log.jsonl", {
             "start": start, "end": _now(), "wall_s": round(wall, 1), "argv": argv,
             "jobs": jobs, "threads": threads, "planned": len(specs), "skipped": len(skipped),
             "ran": len(results), "failed": sum(not r["ok"] for r in results), "machine": machine_info()})
@@ -774,7 +774,7 @@ def find_runs(out) -> tuple[list[Path], list[Path]]:
     done, open_ = [], []
     for rj in sorted(Path(out).rglob("run.json")):
         d = rj.parent
-        if trainer.is_run_dir(d):
+        if runs.is_run_dir(d):
             (done if (d / "eval_final.json").exists() else open_).append(d)
     return done, open_
 
@@ -1303,7 +1303,7 @@ def estimate(todo: list[tuple[RunSpec, object, str]], out, step_seconds=None, ev
             unknown += 1
             continue
         if status == "resume":
-            ck = trainer.checkpoints(cfg.run_dir)
+            ck = runs.checkpoints(cfg.run_dir)
             est *= 1 - (ck[-1][0] / cfg.steps if ck else 0.0)
         total += est
     if unknown == len(todo) and todo:

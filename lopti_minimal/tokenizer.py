@@ -90,10 +90,10 @@ def kk_corpus(n_per_size: int = 200, sizes=range(2, 9), seed: int = 1234) -> Ite
 
     Imported lazily so that tokenizer.py itself depends only on `tokenizers`.
     """
-    from . import kk, prompts
+    from .task import dataset, prompts
     for n in sizes:
         count = min(n_per_size, 100) if n == 2 else n_per_size   # ~180 distinct 2-person puzzles
-        for rec in kk.generate_records(n, count, seed=seed + n):
+        for rec in dataset.generate_records(n, count, seed=seed + n):
             yield prompts.compact_prompt(rec["quiz"])
             for style in ("compact", "backtracking"):
                 yield prompts.target_response(rec, style)

@@ -38,7 +38,6 @@ import dataclasses
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,8 +47,24 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3,
+                   reinforce_pp_advantages, sort_by_length, token_advantages)
+from .lopti import lopti_update, split_by_probability
+from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
+                     load_model_and_tokenizer, set_gradient_checkpointing)
+from .precision import PrecisionError, check_hardware, free_memory, master_dtype, ref_dtype, reference_copy
+from .precision import autocast as amp
+from .precision import make_optimizer as build_optimizer
+from .reweight import reweight_advantages
+from .runs import (RUN_MARKER, append_jsonl, checkpoints, default_run_dir, is_run_dir, save_checkpoint,
+                   save_hf_atomic, truncate_jsonl)
+from .sampling import Rollout, decode_responses, sample_groups
+from .task import dataset, kk
+from .task.behaviours import derive_share
+from .task.evaluate import check_records, evaluate_records, write_report
+from .task.reward import score_response
+
 ROOT = Path(__file__).resolve().parent.parent
-RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
 METHODS = ("grpo", "ar", "lopti", "ar_lopti")
 ESTIMATORS = ("grpo", "reinforce_pp")
 # The paper's K&K settings per method (Yang et al. 2025, K&K experiments; the reference
@@ -77,7 +92,7 @@ class TrainError(ValueError):
 
 def _default_eval_budget() -> dict:
     """evaluate.DEFAULT_MAX_NEW_TOKENS (local import: evaluate imports this module)."""
-    from .evaluate import DEFAULT_MAX_NEW_TOKENS
+    from .task.evaluate import DEFAULT_MAX_NEW_TOKENS
     return dict(DEFAULT_MAX_NEW_TOKENS)
 
 
@@ -366,7 +381,6 @@ def rl_prompt_set(cfg: TrainConfig, progress: bool = True) -> tuple[list[dict], 
     """Generated K&K records for RL (sizes cfg.rl_sizes, cfg.rl_per_size each), with every
     official test puzzle excluded; cached as JSON Lines so later runs reuse the same set.
     Returns (records, cache path)."""
-    from . import kk
     if cfg.rl_data:
         return load_records(cfg.rl_data), str(cfg.rl_data)
     sizes = "-".join(str(n) for n in cfg.rl_sizes)
@@ -380,7 +394,7 @@ def rl_prompt_set(cfg: TrainConfig, progress: bool = True) -> tuple[list[dict], 
               file=sys.stderr) as bar:
         for n in cfg.rl_sizes:
             # A seed per size, so adding a size does not change the others' puzzles.
-            records += kk.generate_records(n, cfg.rl_per_size, seed=cfg.data_seed + 1000 * n,
+            records += dataset.generate_records(n, cfg.rl_per_size, seed=cfg.data_seed + 1000 * n,
                                            exclude=exclude, progress=bar)
     path.parent.mkdir(parents=True, exist_ok=True)
     kk.save_jsonl(records, path, overwrite=True)      # atomic (temp file, then rename)
@@ -389,8 +403,6 @@ def rl_prompt_set(cfg: TrainConfig, progress: bool = True) -> tuple[list[dict], 
 
 def load_records(path) -> list[dict]:
     """K&K records from a JSON Lines file; TrainError (one line) if unreadable."""
-    from . import kk
-    from .evaluate import check_records
     try:
         records = kk.load_jsonl(path)
         check_records(records, str(path))
@@ -399,45 +411,22 @@ def load_records(path) -> list[dict]:
     return records
 
 
-def encode_prompts(records: list[dict], tokenizer, style: str, max_len: int) -> tuple[list[dict], list[list[int]]]:
-    """Prompt token ids (the tokenizer adds bos where its model expects it); prompts longer
-    than max_len tokens are dropped. Returns (kept records, their ids)."""
-    from .models import kk_prompt
-    kept, ids = [], []
-    for r in records:
-        p = tokenizer(kk_prompt(r, tokenizer, style), add_special_tokens=_adds_bos(tokenizer))["input_ids"]
-        if len(p) <= max_len:
-            kept.append(r)
-            ids.append(p)
-    return kept, ids
-
-
-def _adds_bos(tokenizer) -> bool:
-    """A chat-template prompt already holds its special tokens (Qwen has no bos); our tiny
-    tokenizer's post-processor adds bos, which its model always saw at position 0."""
-    from .models import is_instruct
-    return not is_instruct(tokenizer)
-
-
 # =======================================================================================
 # Model, reference, optimizer
 # =======================================================================================
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
-    from .models import default_device
     return default_device() if cfg.device == "auto" else torch.device(cfg.device)
 
 
 def resolve_dtype(cfg: TrainConfig, device=None) -> torch.dtype:
     """The dtype of the trained weights (precision.master_dtype: float32 unless asked)."""
-    from .precision import master_dtype
     return master_dtype(cfg)
 
 
 def load_policy(cfg: TrainConfig, source: str | None = None):
     """(model, tokenizer) from cfg.model (or ``source``, e.g. a checkpoint), on the
     configured device and dtype; gradient checkpointing as configured."""
-    from .models import ModelLoadError, load_model_and_tokenizer, set_gradient_checkpointing
     device = resolve_device(cfg)
     src = source or cfg.model
     if src and not os.path.isabs(src) and not os.path.exists(src) and (ROOT / src).exists():
@@ -453,22 +442,19 @@ def load_policy(cfg: TrainConfig, source: str | None = None):
 def frozen_copy(model, dtype: torch.dtype | None = None):
     """The reference policy pi_ref: a frozen copy of the initial policy (paper Eq. 1's KL
     term), in ``dtype`` if given (precision.reference_copy)."""
-    from .precision import reference_copy
     return reference_copy(model, dtype)
 
 
 def make_optimizer(model, cfg: TrainConfig):
     """AdamW as in the reference, or the low-memory alternatives (precision.make_optimizer)."""
-    from .precision import PrecisionError, make_optimizer as build
     try:
-        return build(model, cfg)
+        return build_optimizer(model, cfg)
     except PrecisionError as e:
         raise TrainError(str(e)) from None
 
 
 def autocast(cfg: TrainConfig, device):
     """bf16 autocast for compute when cfg.autocast_bf16, on CPU and CUDA (precision.py)."""
-    from .precision import autocast as amp
     return amp(cfg, device)
 
 
@@ -480,7 +466,6 @@ def concat_rollouts(parts: list, pad_token_id: int):
     """Join rollouts of prompt chunks (rollout_chunk) into one, keeping the layout
     [left-padded prompt | right-padded response]: prompts are padded on the left to the
     widest prompt, responses on the right to the longest response."""
-    from .sampling import Rollout
     if len(parts) == 1:
         return parts[0]
     P = max(r.prompt_len for r in parts)
@@ -505,11 +490,9 @@ def concat_rollouts(parts: list, pad_token_id: int):
 def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, generator, *,
             group_size: int | None = None, max_new_tokens: int | None = None, greedy: bool = False):
     """sample_groups over the prompts, in chunks of cfg.rollout_chunk prompts."""
-    from .sampling import sample_groups
     G = group_size or cfg.group_size
     chunk = cfg.rollout_chunk or len(prompt_ids)
     device = next(model.parameters()).device
-    from .precision import free_memory
     parts = []
     with autocast(cfg, device):
         for s in range(0, len(prompt_ids), chunk):
@@ -522,27 +505,13 @@ def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, gen
     return concat_rollouts(parts, tokenizer.pad_token_id)
 
 
-def decode_responses(tokenizer, ro) -> list[str]:
-    """Response texts: the sampled tokens up to and including EOS, special tokens dropped
-    (the text the reward sees). Lengths come from the mask, never from the pad id."""
-    lengths = ro.response_mask.sum(1).long().tolist()
-    rows = ro.response_ids.tolist()
-    return [tokenizer.decode(r[:n], skip_special_tokens=True) for r, n in zip(rows, lengths)]
-
-
 def default_reward(text: str, record: dict) -> float:
-    from .reward import score_response
     return score_response(text, record).total
 
 
 def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: list[list[int]],
             cfg: TrainConfig, step: int, reward_fn=None) -> dict:
     """One RL step on the given prompts. Returns the step's metrics (a flat dict)."""
-    from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3,
-                       reinforce_pp_advantages, sort_by_length, token_advantages)
-    from .behaviours import derive_share
-    from .lopti import lopti_update, split_by_probability
-    from .reweight import reweight_advantages
 
     reward_fn = reward_fn or default_reward
     gcfg = cfg.grpo_config()
@@ -638,19 +607,6 @@ def summary_line(m: dict, steps: int) -> str:
 # Run directory, checkpoints, resume
 # =======================================================================================
 
-def default_run_dir(cfg: TrainConfig) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str(ROOT / "runs" / f"{stamp}-{cfg.preset}-{cfg.method}-s{cfg.seed}")
-
-
-def is_run_dir(path) -> bool:
-    p = Path(path) / "run.json"
-    try:
-        return json.loads(p.read_text()).get("kind") == RUN_MARKER
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def read_run_config(path) -> TrainConfig:
     """The config of an existing run; TrainError if ``path`` is not one of our runs."""
     if not Path(path).is_dir():
@@ -660,85 +616,12 @@ def read_run_config(path) -> TrainConfig:
     return config_from_json(json.loads((Path(path) / "run.json").read_text())["config"])
 
 
-def checkpoints(run_dir) -> list[tuple[int, Path]]:
-    """Complete periodic checkpoints, oldest first. A checkpoint is complete once renamed
-    from its temporary name, so a crash mid-save leaves only a *.tmp folder, ignored."""
-    out = []
-    for p in Path(run_dir).glob("ckpt-*"):
-        if p.is_dir() and p.name[5:].isdigit() and (p / "trainer_state.pt").exists():
-            out.append((int(p.name[5:]), p))
-    return sorted(out)
-
-
-def save_hf_atomic(model, tokenizer, out: Path, extra: dict | None = None) -> None:
-    """save_pretrained into out.tmp, extra files beside it, then one rename: a reader (or a
-    resume after kill -9) sees either the old checkpoint or the complete new one."""
-    out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    for name, obj in (extra or {}).items():
-        torch.save(obj, tmp / name)
-    if out.exists():                      # only "final" is ever replaced (a re-run of the end)
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
-def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, cfg: TrainConfig) -> Path:
-    state = {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-        "config": config_to_json(cfg),
-    }
-    path = Path(run_dir) / f"ckpt-{step:06d}"
-    save_hf_atomic(model, tokenizer, path, {"trainer_state.pt": state})
-    if cfg.keep_checkpoints:                     # 0 keeps them all
-        for _, old in checkpoints(run_dir)[:-cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-    return path
-
-
-def _truncate_jsonl(path: Path, max_step: int) -> None:
-    """Drop lines logged after the checkpoint we resume from (they will be redone), so the
-    resumed run's log equals an uninterrupted run's. Atomic rewrite."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= max_step:
-                keep.append(line)
-        except ValueError:          # a half-written last line after kill -9
-            pass
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
-
-
-def append_jsonl(path: Path, obj: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(obj) + "\n")
-        f.flush()
-
-
 # =======================================================================================
 # Evaluation hook
 # =======================================================================================
 
 def evaluate_policy(model, tokenizer, cfg: TrainConfig, sizes=None, per_size=None, progress=True) -> dict:
     """Greedy accuracy on the official sets (evaluate.py), with the run's numerics."""
-    from . import kk
-    from .evaluate import evaluate_records
     sizes = tuple(sizes or cfg.eval_sizes)
     per = per_size or cfg.eval_per_size
     records = [r for n in sizes for r in kk.load_official([n])[:per]]
@@ -772,7 +655,6 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     if resume:
         read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
     validate(cfg)
-    from .precision import PrecisionError, check_hardware
     try:
         check_hardware(cfg)                   # before any model is loaded
     except PrecisionError as e:
@@ -789,7 +671,6 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
 
     # Policy, and the frozen reference = the *initial* policy (always cfg.model, also on resume).
     model, tokenizer = load_policy(cfg)
-    from .precision import ref_dtype
     ref = frozen_copy(model, ref_dtype(cfg)) if cfg.kl_coef else None
     optimizer = make_optimizer(model, cfg)
     start = 0
@@ -807,7 +688,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
             torch.set_rng_state(state["rng"]["torch"])
             log(f"[resume] {path} (step {start})")
         for name in ("metrics.jsonl", "evals.jsonl"):
-            _truncate_jsonl(run_dir / name, start)
+            truncate_jsonl(run_dir / name, start)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "run.json").write_text(json.dumps(
@@ -817,14 +698,12 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     if not records:
         raise TrainError(f"no RL prompt fits max-prompt-len {cfg.max_prompt_len}: raise it")
 
-    from .models import count_parameters
     log(f"[run] {run_dir}\n[run] model {cfg.model} ({count_parameters(model):,} params, "
         f"{next(model.parameters()).dtype}, {next(model.parameters()).device}), method {cfg.method}, "
         f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr:g}, T {cfg.temperature}, "
         f"{len(records)} RL prompts ({data_path}), threads {torch.get_num_threads()}")
     writer = _tensorboard(cfg, run_dir)
     if cfg.eval_before and start == 0:
-        from .evaluate import write_report
         ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
         write_report(ev, run_dir / "eval_before.json")
         log("[eval] before RL: " + _eval_text(ev))
@@ -852,7 +731,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
             append_jsonl(evals_path, {"step": done, **_eval_brief(ev)})
             log(f"[eval] step {done}: " + _eval_text(ev))
         if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-            save_checkpoint(run_dir, done, model, tokenizer, optimizer, cfg)
+            save_checkpoint(run_dir, done, model, tokenizer, optimizer, config_to_json(cfg), cfg.keep_checkpoints)
     bar.close()
     rl_seconds = time.perf_counter() - t_run
 
@@ -860,12 +739,12 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     # policy in HF format, the final evaluation, plots.
     paths = {"run_dir": str(run_dir), "metrics": str(metrics_path)}
     if cfg.steps > start or not (run_dir / "final").exists():
-        save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, cfg)
+        save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, config_to_json(cfg),
+                        cfg.keep_checkpoints)
         save_hf_atomic(model, tokenizer, run_dir / "final")
     paths["final_model"] = str(run_dir / "final")
     final_eval = None
     if cfg.final_eval:
-        from .evaluate import write_report
         final_eval = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
         write_report(final_eval, run_dir / "eval_final.json")
         append_jsonl(evals_path, {"step": cfg.steps, "final": True, **_eval_brief(final_eval)})

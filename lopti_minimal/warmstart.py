@@ -42,7 +42,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -50,6 +49,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
+
+from .models import count_parameters, load_model_and_tokenizer, make_tiny_model
+from .runs import save_hf_atomic
+from .task import dataset, explain, kk, prompts
+from .task.behaviours import TwoBehaviourTargets
+from .task.evaluate import evaluate_records
+from .tokenizer import build_kk_tokenizer
 
 
 # ---------------------------------------------------------------------------------------
@@ -72,7 +78,7 @@ class WarmStartConfig:
     # Length bucketing: draw this many batches of one size at once, sort the puzzles by
     # length and cut them into batches of neighbours, used in random order (1: no bucketing).
     bucket_batches: int = 16
-    # Share of training puzzles drawn *unsolvable* (kk.generate_unsolvable_records): their
+    # Share of training puzzles drawn *unsolvable* (dataset.generate_unsolvable_records): their
     # trace runs out of candidates and ends in a "guess", which teaches the model to close
     # its answer when its own wrong check has rejected the solution instead of looping.
     unsolvable_share: float = 0.0
@@ -110,12 +116,10 @@ class WarmStartConfig:
 # ---------------------------------------------------------------------------------------
 
 def default_prompt(record: dict) -> str:
-    from . import prompts
     return prompts.compact_prompt(record["quiz"])
 
 
 def default_response(record: dict) -> str:
-    from . import prompts
     return prompts.target_response(record, "compact")
 
 
@@ -123,7 +127,6 @@ def numbered_response(record: dict) -> str:
     """Variant target: the compact explanation with people written as their numbers
     1..n (the numbering of the answer, "(1) Amelia ..."): only the restated claims and the
     answer then depend on the names, so far fewer tokens need a name lookup."""
-    from . import explain, kk, prompts
     n = record["n_people"]
     text = explain.compact_explanation(statements=kk.record_statements(record),
                                        names=[str(i + 1) for i in range(n)])
@@ -132,7 +135,6 @@ def numbered_response(record: dict) -> str:
 
 def direct_response(record: dict) -> str:
     """Variant target without explanation: close the thinking at once, then the answer."""
-    from . import prompts
     return "\n" + prompts.answer_block(record["solution_text_format"])
 
 
@@ -142,7 +144,7 @@ RESPONSE_STYLES = {"compact": default_response, "numbered": numbered_response, "
 class PuzzleStream:
     """An endless supply of generated training records per size, excluding held-out puzzles.
 
-    Records come in chunks from kk.generate_records with a fresh seed per chunk (so the
+    Records come in chunks from dataset.generate_records with a fresh seed per chunk (so the
     stream is deterministic for cfg.seed); puzzles of the official test sets and of our
     held-out set are excluded by puzzle key.  Tiny sizes have few distinct puzzles
     (about 180 for 2 people), so a chunk request is capped by what exists.
@@ -161,12 +163,11 @@ class PuzzleStream:
             return self._next_unsolvable(n)
         buf = self.buffers.setdefault(n, [])
         if not buf:
-            from . import kk
             seed = self._chunk_seed(n)
             count = self.chunk
             while True:
                 try:
-                    recs = kk.generate_records(n, count, seed=seed, exclude=self.exclude)
+                    recs = dataset.generate_records(n, count, seed=seed, exclude=self.exclude)
                     break
                 except kk.InfeasibleRequest:
                     count //= 2   # small n: fewer distinct puzzles than a chunk
@@ -177,8 +178,7 @@ class PuzzleStream:
     def _next_unsolvable(self, n: int) -> dict:
         buf = self.unsolvable.setdefault(n, [])
         if not buf:
-            from . import kk
-            buf.extend(kk.generate_unsolvable_records(n, 64, seed=self._chunk_seed(n)))
+            buf.extend(dataset.generate_unsolvable_records(n, 64, seed=self._chunk_seed(n)))
         return buf.pop()
 
     def _chunk_seed(self, n: int) -> int:
@@ -285,7 +285,6 @@ def evaluate(model, tokenizer, records: list[dict], max_new_tokens: dict | int,
     A thin view of evaluate.evaluate_records (greedy, the compact prompt, the same
     decoding code as the RL rollouts and eval.py), keeping the two numbers the warm start
     is judged by."""
-    from .evaluate import evaluate_records
     report = evaluate_records(model, tokenizer, records, max_new_tokens=max_new_tokens,
                               batch_size=batch_size, prompt_style="compact",
                               autocast_bf16=bf16, progress=False)
@@ -303,28 +302,12 @@ def format_eval(res: dict) -> str:
 # ---------------------------------------------------------------------------------------
 
 def save_checkpoint(model, tokenizer, out: str, info: dict) -> None:
-    """Save as a Hugging Face folder: bf16 safetensors + config + tokenizer + info json.
-
-    Written to a temporary folder first and then renamed, so an interruption never
-    leaves a half-written checkpoint in ``out``."""
-    tmp = out.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    # bf16 halves the file; the weights came from bf16 autocast training anyway.
-    sd = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
-    dtype0 = model.config.dtype
-    model.config.dtype = torch.bfloat16
-    model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
-    model.config.dtype = dtype0
-    tokenizer.save_pretrained(tmp)
-    with open(os.path.join(tmp, "warmstart.json"), "w") as f:
-        json.dump(info, f, indent=1, default=str)
-    old = out.rstrip("/") + ".old"
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(out):
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    """Save as a Hugging Face folder: bf16 safetensors + config + tokenizer + info json
+    (warmstart.json), with the project's one atomic saver (runs.save_hf_atomic: written
+    to a temporary folder first and then renamed, so an interruption never leaves a
+    half-written checkpoint in ``out``). bf16 halves the file; the weights came from
+    bf16 autocast training anyway."""
+    save_hf_atomic(model, tokenizer, out, {"warmstart.json": info}, dtype=torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------
@@ -349,10 +332,9 @@ def size_weights(progress: float, cfg: WarmStartConfig) -> dict:
 
 def heldout_records(sizes, per_size: int, seed: int = 99_991, exclude: set = frozenset()) -> list[dict]:
     """Generated puzzles kept out of training (a fixed seed, disjoint from the official set)."""
-    from . import kk
     out = []
     for n in sizes:
-        out += kk.generate_records(n, per_size, seed=seed + n, exclude=exclude)
+        out += dataset.generate_records(n, per_size, seed=seed + n, exclude=exclude)
     return out
 
 
@@ -361,9 +343,6 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     """Train (from scratch unless ``model``/``tokenizer`` are given) and save to cfg.out.
 
     Returns (model, tokenizer, history) where history holds the evaluations."""
-    from . import kk
-    from .models import count_parameters, make_tiny_model
-    from .tokenizer import build_kk_tokenizer
 
     if cfg.bucket_batches < 1:
         raise ValueError(f"bucket_batches must be >= 1, got {cfg.bucket_batches}")
@@ -382,7 +361,6 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     heldout = heldout_records(cfg.eval_sizes, cfg.heldout_per_size, exclude=kk.keys_of(official)) \
         if cfg.heldout_per_size > 0 else []
     if response_fn is default_response and (cfg.guess_share > 0 or cfg.phrased):
-        from .behaviours import TwoBehaviourTargets
         response_fn = TwoBehaviourTargets(cfg.guess_share, cfg.phrased, cfg.seed)
     if not 0.0 <= cfg.unsolvable_share < 1.0:
         raise ValueError(f"unsolvable_share must lie in [0, 1), got {cfg.unsolvable_share}")
@@ -577,7 +555,6 @@ def main(argv=None) -> int:
                           final_eval_per_size=a.final_eval_per_size, progress=not a.no_progress)
     model = tokenizer = None
     if a.init:
-        from .models import load_model_and_tokenizer
         model, tokenizer = load_model_and_tokenizer(a.init, dtype=torch.float32, device="cpu")
         cfg.curriculum = (cfg.curriculum[-1],)
         cfg.warmup_steps = 20

@@ -36,7 +36,7 @@ def stream_keys(chunks: int, n: int = 3, progress: bool = True) -> set:
     """Puzzle keys of the 3-person chunks of the first `chunks` chunk numbers of the
     warm start's stream (seed 0)."""
     from tqdm import tqdm
-    from lopti_minimal import kk
+    from lopti_minimal.task import kk
     from lopti_minimal.warmstart import PuzzleStream
     stream = PuzzleStream(seed=0, exclude=set())
     keys = set()
@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
-    from lopti_minimal import kk, trainer
+    from lopti_minimal import trainer
+    from lopti_minimal.task import dataset, kk
     if os.path.exists(a.out) and not a.force:
         print(f"error: {a.out} exists; pass --force to overwrite it", file=sys.stderr)
         return 2
@@ -65,11 +66,11 @@ def main(argv=None) -> int:
                                               progress=not a.no_progress)
         rl |= kk.keys_of(records)
     seen = stream_keys(a.chunks, progress=not a.no_progress)
-    naive = kk.generate_records(3, a.count, seed=a.seed, exclude=kk.official_keys() | rl)
+    naive = dataset.generate_records(3, a.count, seed=a.seed, exclude=kk.official_keys() | rl)
     overlap = sum(k in seen for k in kk.keys_of(naive)) if naive else 0
     print(f"{len(seen):,} distinct 3-person puzzles in the warm start's stream superset; "
           f"a set of {a.count} without excluding them would share {overlap} with it", file=sys.stderr)
-    records = kk.generate_records(3, a.count, seed=a.seed, exclude=kk.official_keys() | rl | seen)
+    records = dataset.generate_records(3, a.count, seed=a.seed, exclude=kk.official_keys() | rl | seen)
     kk.save_jsonl(records, a.out, overwrite=a.force)
     print(f"wrote {len(records)} puzzles to {a.out}", file=sys.stderr)
     return 0

@@ -27,15 +27,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def measure(model, tokenizer, prompts: int = 32, group_size: int = 8, people: int = 3,
             temperature: float = 0.7, max_new_tokens: int = 640, seed: int = 424243) -> dict:
     import torch
-    from lopti_minimal import kk
-    from lopti_minimal.behaviours import DERIVE, behaviour_of
+    from lopti_minimal.task import dataset, kk
+    from lopti_minimal.task.behaviours import DERIVE, behaviour_of
     from lopti_minimal.diagnostics import (PAPER_FIG1, DiagConfig, bin_masks, collect_batch,
                                            grpo_config, token_shares)
     from lopti_minimal.grpo import batch_from_rollout, batch_logprobs
 
     cfg = DiagConfig(prompts=prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                      temperature=temperature, people=people, seed=seed, micro_batch_size=16)
-    records = kk.generate_records(people, prompts, seed=seed, exclude=kk.official_keys())
+    records = dataset.generate_records(people, prompts, seed=seed, exclude=kk.official_keys())
     with torch.no_grad():
         ro, rewards, adv, texts = collect_batch(model, tokenizer, records, cfg)
         batch = batch_from_rollout(ro, adv)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the numbers here (JSON)")
     a = ap.parse_args(argv)
     import torch
-    from lopti_minimal.evaluate import resolve_model_source
+    from lopti_minimal.runs import resolve_model_source
     from lopti_minimal.models import load_model_and_tokenizer
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -61,9 +61,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from datasets import Dataset
 
-    from lopti_minimal import trainer as T
+    from lopti_minimal import models, trainer as T
     from lopti_minimal.models import kk_prompt
-    from lopti_minimal.reward import score_response
+    from lopti_minimal.task.reward import score_response
     from lopti_minimal.trl_grpo import LoptiGRPOTrainer, make_trl_config
 
     cfg = T.make_config(args.preset, model=args.model, method=args.method, alpha=args.alpha,
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     tok.padding_side = "left"
     # Our prompt set and prompt text; prompts over max_prompt_len are dropped as in train.py.
     records, _ = T.rl_prompt_set(cfg, progress=False)
-    records, prompt_ids = T.encode_prompts(records, tok, cfg.prompt_style, cfg.max_prompt_len)
+    records, prompt_ids = models.encode_prompts(records, tok, cfg.prompt_style, cfg.max_prompt_len)
     texts = [kk_prompt(r, tok, cfg.prompt_style) for r in records]
     # TRL tokenizes a text prompt with tokenizer(text): check it gives the ids we sample from.
     mismatched = sum(tok(text=t)["input_ids"] != i for t, i in zip(texts[:50], prompt_ids[:50]))

@@ -4,8 +4,8 @@ import json
 import pytest
 
 import eval as eval_cli
-from lopti_minimal import kk
-from lopti_minimal.evaluate import evaluate_records, format_table
+from lopti_minimal.task import kk
+from lopti_minimal.task.evaluate import evaluate_records, format_table
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,8 @@ def test_sampled_evaluation_reports_pass_at_k(nano):
 def test_a_response_prefix_is_forced_and_scored_as_part_of_the_response(nano):
     """response_prefix (eval.py --response-prefix): every response starts with it and is
     scored with it; a prefix that holds a whole right answer makes the response right."""
-    from lopti_minimal import prompts
-    from lopti_minimal.reward import score_response
+    from lopti_minimal.task import prompts
+    from lopti_minimal.task.reward import score_response
     model, tok = nano
     recs = kk.load_official([3])[:2]
     right = "\n" + prompts.answer_block(recs[0]["solution_text_format"])

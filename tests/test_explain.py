@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from lopti_minimal import explain, kk
+from lopti_minimal.task import dataset, explain, kk
 
 OFFICIAL = kk.load_official()
-GENERATED = {n: kk.generate_records(n, 60, seed=11, exclude=kk.official_keys())
+GENERATED = {n: dataset.generate_records(n, 60, seed=11, exclude=kk.official_keys())
              for n in range(3, 7)}
 
 
@@ -289,10 +289,10 @@ def replay_compact(text, stmts, names):
 def test_unsolvable_puzzles_search_every_node_then_guess():
     """kk.generate_unsolvable_records (warm-start data only): the trace is a full, correct
     search that finds nothing, then the fixed guess; the answer block says that guess."""
-    from lopti_minimal import prompts
+    from lopti_minimal.task import prompts
     for n in (2, 3, 4, 5):
-        records = kk.generate_unsolvable_records(n, 30, seed=n)
-        assert kk.generate_unsolvable_records(n, 30, seed=n) == records        # deterministic
+        records = dataset.generate_unsolvable_records(n, 30, seed=n)
+        assert dataset.generate_unsolvable_records(n, 30, seed=n) == records        # deterministic
         for r in records:
             assert r["solvable"] is False and r["solution"] == [False] * n
             replay_compact(explain.compact_explanation(r), kk.record_statements(r), r["names"])

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from lopti_minimal import kk, models, trainer
+from lopti_minimal import models, trainer
+from lopti_minimal.task import kk
 from lopti_minimal.trainer import make_config
 
 ROOT = Path(__file__).resolve().parent.parent

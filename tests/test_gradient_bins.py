@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from lopti_minimal import kk, models
+from lopti_minimal import models
+from lopti_minimal.task import dataset
 from lopti_minimal.grpo import token_logprobs
 from lopti_minimal.sampling import sample_groups
 
@@ -77,7 +78,7 @@ def bin_means(p, norms):
 
 def test_gradient_norms_fall_from_low_to_high_probability_bin(tiny_warm):
     model, tok = tiny_warm
-    records = kk.generate_records(3, 6, seed=4242)
+    records = dataset.generate_records(3, 6, seed=4242)
     prompt_ids = [tok(models.kk_prompt(r, tok, "compact"))["input_ids"] for r in records]
     rollout = sample_groups(model, prompt_ids, group_size=4, max_new_tokens=96,
                             temperature=1.0, eos_token_id=tok.eos_token_id,

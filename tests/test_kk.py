@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from lopti_minimal import kk
+from lopti_minimal.task import dataset, kk
 
 OFFICIAL = kk.load_official()
 
@@ -100,7 +100,7 @@ def test_seed_1234_reproduces_the_official_records(n):
     for r in kk.load_official([n]):
         p = probs[r["index"]]
         assert p["statements"] == kk.record_statements(r)
-        assert kk.make_record(p["statements"], p["solution"], r["index"],
+        assert dataset.make_record(p["statements"], p["solution"], r["index"],
                               1234 + r["index"]) == r
 
 
@@ -223,7 +223,7 @@ def test_infeasible_requests():
 
 # ---------------------------------------------------------------- records, files, splits
 def test_generated_records_roundtrip_and_fields(tmp_path):
-    recs = kk.generate_records(3, 20, seed=3)
+    recs = dataset.generate_records(3, 20, seed=3)
     for i, r in enumerate(recs):
         assert tuple(r) == kk.RECORD_FIELDS and r["index"] == i
         assert kk.solve(kk.record_statements(r)) == [tuple(r["solution"])]
@@ -236,11 +236,11 @@ def test_generated_records_roundtrip_and_fields(tmp_path):
     kk.save_jsonl(recs[:2], path, overwrite=True)
     assert len(kk.load_jsonl(path)) == 2
     # start_index continues the same stream
-    assert kk.generate_records(3, 5, seed=3, start_index=15) == recs[15:20]
+    assert dataset.generate_records(3, 5, seed=3, start_index=15) == recs[15:20]
 
 
 def test_split_never_shares_a_puzzle():
-    recs = kk.generate_records(3, 60, seed=4)
+    recs = dataset.generate_records(3, 60, seed=4)
     recs.append(dict(recs[0]))  # an exact duplicate must end on one side only
     train, test = kk.split_records(recs, n_test=20, seed=0)
     assert len(train) + len(test) == len(recs)

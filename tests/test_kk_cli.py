@@ -3,13 +3,13 @@ import os
 import subprocess
 import sys
 
-from lopti_minimal import kk
+from lopti_minimal.task import dataset, kk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(args, capsys):
-    code = kk.main(args + ["--no-progress"])
+    code = dataset.main(args + ["--no-progress"])
     return code, capsys.readouterr().err
 
 
@@ -20,7 +20,7 @@ def test_generates_file_and_refuses_overwrite(tmp_path, capsys):
     recs = kk.load_jsonl(out)
     assert len(recs) == 25 and all(tuple(r) == kk.RECORD_FIELDS for r in recs)
     assert kk.disjoint(recs, kk.load_official())
-    assert recs == kk.generate_records(3, 25, seed=0, exclude=kk.official_keys())
+    assert recs == dataset.generate_records(3, 25, seed=0, exclude=kk.official_keys())
     code, err = run(["--n-people", "3", "--count", "5", "--out", str(out)], capsys)
     assert code == 2 and "exists" in err and len(err.strip().splitlines()) == 1
     assert len(kk.load_jsonl(out)) == 25  # untouched

@@ -4,7 +4,8 @@ on both tiers, dtype/device defaults and one-line errors for bad input."""
 import pytest
 import torch
 
-from lopti_minimal import kk, models, prompts
+from lopti_minimal import models
+from lopti_minimal.task import kk, prompts
 from lopti_minimal.models import (TINY_PRESETS, ModelLoadError, count_parameters, kk_prompt,
                                   load_model_and_tokenizer, make_tiny_model,
                                   set_gradient_checkpointing)

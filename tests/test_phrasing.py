@@ -12,13 +12,13 @@ import re
 import pytest
 from test_explain import replay_compact
 
-from lopti_minimal import behaviours, explain, kk, phrasing
-from lopti_minimal.behaviours import DERIVE, GUESS, TwoBehaviourTargets, behaviour_of
-from lopti_minimal.reward import score_response
+from lopti_minimal.task import behaviours, dataset, explain, kk, phrasing
+from lopti_minimal.task.behaviours import DERIVE, GUESS, TwoBehaviourTargets, behaviour_of
+from lopti_minimal.task.reward import score_response
 
 SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny-warm")
 
-GENERATED = {n: kk.generate_records(n, 40, seed=5, exclude=kk.official_keys()) for n in range(3, 8)}
+GENERATED = {n: dataset.generate_records(n, 40, seed=5, exclude=kk.official_keys()) for n in range(3, 8)}
 
 
 @pytest.mark.parametrize("n", range(3, 8))
@@ -34,7 +34,7 @@ def test_every_phrased_derivation_replays_and_scores_3(n):
 
 
 def test_unsolvable_searches_are_phrased_too():
-    for r in kk.generate_unsolvable_records(3, 10, seed=1):
+    for r in dataset.generate_unsolvable_records(3, 10, seed=1):
         text = phrasing.vary(explain.compact_explanation(r), random.Random(0))
         assert phrasing.canonical(text) == explain.compact_explanation(r)
 
@@ -122,7 +122,7 @@ def test_behaviour_of_a_response():
 
 def test_two_behaviour_targets_mix_the_asked_share_deterministically():
     targets = TwoBehaviourTargets(0.7, phrased=True, seed=3)
-    recs = kk.generate_records(3, 300, seed=9)
+    recs = dataset.generate_records(3, 300, seed=9)
     texts = [targets(r) for r in recs]
     assert texts == [TwoBehaviourTargets(0.7, phrased=True, seed=3)(r) for r in recs]
     share = sum(behaviour_of(t) == GUESS for t in texts) / len(texts)

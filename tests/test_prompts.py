@@ -1,7 +1,7 @@
 """Prompts and supervised targets (lopti_minimal/prompts.py)."""
 import pytest
 
-from lopti_minimal import kk, prompts, reward
+from lopti_minimal.task import dataset, kk, prompts, reward
 
 OFFICIAL = kk.load_official()
 
@@ -30,7 +30,7 @@ def test_answer_block_shape():
 
 @pytest.mark.parametrize("style", ["compact", "backtracking"])
 def test_target_responses_score_3(style):
-    records = OFFICIAL + kk.generate_records(4, 30, seed=1)
+    records = OFFICIAL + dataset.generate_records(4, 30, seed=1)
     for r in records:
         resp = prompts.target_response(r, style=style)
         assert resp.startswith("\n") and resp.endswith(" </answer>")

@@ -5,7 +5,7 @@ one CPU RL step of every method with it."""
 import pytest
 import torch
 
-from lopti_minimal import trainer
+from lopti_minimal import models, trainer
 from lopti_minimal.grpo import group_advantages, reinforce_pp_advantages, token_advantages
 from lopti_minimal.lopti import split_by_probability
 from lopti_minimal.reweight import reweight_advantages
@@ -85,7 +85,7 @@ def test_one_cpu_step_of_every_method_with_reinforce_pp(method, nano_dir, tmp_pa
                       progress=False, lr=3e-3, cache_dir=str(tmp_path / "cache"), run_dir=str(tmp_path / "run"))
     model, tok = trainer.load_policy(cfg)
     records, _ = trainer.rl_prompt_set(cfg, progress=False)
-    records, ids = trainer.encode_prompts(records[:2], tok, "auto", 256)
+    records, ids = models.encode_prompts(records[:2], tok, "auto", 256)
     # A reward that varies across the batch: the response length (so advantages are not 0).
     m = trainer.rl_step(model, trainer.frozen_copy(model), trainer.make_optimizer(model, cfg),
                         tok, records, ids, cfg, 0, lambda text, rec: float(len(text) % 7))

@@ -4,8 +4,8 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lopti_minimal import kk
-from lopti_minimal.reward import RewardResult, score_response
+from lopti_minimal.task import kk
+from lopti_minimal.task.reward import RewardResult, score_response
 
 OFFICIAL = kk.load_official()
 R = OFFICIAL[0]  # Amelia knight, Penelope knight, Evelyn knave

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from lopti_minimal import kk, reward
+from lopti_minimal.task import kk, reward
 from lopti_minimal.models import is_instruct, kk_prompt, load_model_and_tokenizer
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lopti_minimal import study as S
-from lopti_minimal import trainer
+from lopti_minimal import runs, trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
@@ -35,7 +35,7 @@ def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_
     """What trainer.train leaves behind, reduced to what study.py reads (derivation share =
     the reward; the held-out evaluation only if ``heldout`` is given)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
+    (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for i, r in enumerate(rewards):
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
@@ -70,7 +70,7 @@ def synthetic_study(out: Path, model: str) -> Path:
     spec = S.RunSpec("ci", S.GRPO, 4, "main")
     d = spec.run_dir(out)
     d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(
+    (d / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(
         S.run_config(spec, out, {"model": model, "steps": 3}))}))
     return out
 
@@ -82,7 +82,7 @@ def fake_train(cfg, resume=False, log=None, reward_fn=None):
     if not resume:
         assert not rd.exists() or not any(rd.iterdir()), "a fresh run must get an empty directory"
         rd.mkdir(parents=True, exist_ok=True)
-        (rd / "run.json").write_text(json.dumps({"kind": trainer.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
+        (rd / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
     with open(rd / "calls.txt", "a") as f:
         f.write(f"{'resume' if resume else 'new'} threads={cfg.threads}\n")
     log("[run] fake")

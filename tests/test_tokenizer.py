@@ -2,7 +2,7 @@
 and gold answer with no unknown token, single-token tags, special tokens, save/load."""
 from transformers import AutoTokenizer
 
-from lopti_minimal import kk, prompts
+from lopti_minimal.task import kk, prompts
 from lopti_minimal.tokenizer import BOS, EOS, PAD, TAGS, build_tokenizer
 
 

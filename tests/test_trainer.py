@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lopti_minimal import trainer
+from lopti_minimal import models, runs, trainer
 from lopti_minimal.trainer import TrainError, make_config
 
 TIMING = ("sample_s", "update_s", "step_s")
@@ -106,7 +106,7 @@ def test_rl_step_first_ratio_is_exactly_one_under_bf16_autocast(nano_dir, tmp_pa
     cfg = small_cfg(nano_dir, tmp_path, method="grpo", autocast_bf16=True)
     model, tok = trainer.load_policy(cfg)
     records, _ = trainer.rl_prompt_set(cfg, progress=False)
-    records, ids = trainer.encode_prompts(records[:2], tok, "auto", 256)
+    records, ids = models.encode_prompts(records[:2], tok, "auto", 256)
     m = trainer.rl_step(model, trainer.frozen_copy(model), trainer.make_optimizer(model, cfg),
                         tok, records, ids, cfg, 0, length_reward)
     assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0
@@ -134,7 +134,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         trainer.train(cfg_b, reward_fn=interrupting_reward, log=lambda s: None)
     run_b = cfg_b.run_dir
-    assert [s for s, _ in trainer.checkpoints(run_b)] == [2]
+    assert [s for s, _ in runs.checkpoints(run_b)] == [2]
     assert len((tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()) == 3
     b = trainer.train(trainer.resume_config(run_b, progress=False), resume=True,
                       reward_fn=length_reward, log=lambda s: None)
@@ -153,7 +153,7 @@ def test_keep_checkpoints_zero_keeps_every_checkpoint(nano_dir, tmp_path):
     # 0 = keep all (to evaluate the policy along a run); it once deleted them all instead.
     cfg = small_cfg(nano_dir, tmp_path, steps=3, save_every=1, keep_checkpoints=0, method="grpo")
     trainer.train(cfg, log=lambda s: None)
-    assert [s for s, _ in trainer.checkpoints(tmp_path / "run")] == [1, 2, 3]
+    assert [s for s, _ in runs.checkpoints(tmp_path / "run")] == [1, 2, 3]
     with pytest.raises(TrainError, match="keep-checkpoints"):
         trainer.validate(small_cfg(nano_dir, tmp_path, keep_checkpoints=-1))
 
@@ -162,13 +162,13 @@ def test_run_dir_layout_and_refusals(nano_dir, tmp_path):
     cfg = small_cfg(nano_dir, tmp_path, steps=2, save_every=1, keep_checkpoints=1, method="lopti")
     r = trainer.train(cfg, log=lambda s: None)
     run = tmp_path / "run"
-    assert trainer.is_run_dir(run)
-    assert [s for s, _ in trainer.checkpoints(run)] == [2]             # older ones pruned
+    assert runs.is_run_dir(run)
+    assert [s for s, _ in runs.checkpoints(run)] == [2]             # older ones pruned
     assert (run / "final" / "config.json").exists() and (run / "ckpt-000002" / "trainer_state.pt").exists()
     assert len(r["metrics"]) == 2 and all(math.isfinite(m["reward"]) for m in r["metrics"])
     # A half-written checkpoint (crash during save) is ignored.
     (run / "ckpt-000009.tmp").mkdir()
-    assert [s for s, _ in trainer.checkpoints(run)] == [2]
+    assert [s for s, _ in runs.checkpoints(run)] == [2]
     # Refusals: an existing run dir without resume; resuming something that is not a run.
     with pytest.raises(TrainError, match="exists"):
         trainer.train(cfg, log=lambda s: None)
@@ -221,10 +221,10 @@ def test_rl_selects_derivations_and_raises_the_reward(tmp_path):
     share of derivations rose 0.23-0.36 -> 0.73-0.88 between steps 1-3 and 8-10 in each of
     three seeds. A few responses reach the 640-token cap (at most 3 of 64 in a step of
     those runs; no well-formed 3-person derivation is that long, next test)."""
-    from lopti_minimal import kk
+    from lopti_minimal.task import dataset, kk
     warm = trainer.ROOT / "checkpoints" / "tiny-warm"
     data = tmp_path / "eight.jsonl"
-    kk.save_jsonl(kk.generate_records(3, 8, seed=7), data)
+    kk.save_jsonl(dataset.generate_records(3, 8, seed=7), data)
     cfg = make_config("cpu-tiny", model=str(warm), rl_data=str(data), prompts_per_step=8, steps=10,
                       final_eval=False, plots=False, progress=False,
                       save_every=0, run_dir=str(tmp_path / "run"))
@@ -244,10 +244,10 @@ def test_the_default_cap_holds_every_three_person_derivation():
     a derivation that searches every node (unsolvable puzzles, the worst case) and 100
     generated puzzles, with the shipped tokenizer. A cut derivation would score -3, below
     a wrong guess, and teach the policy to guess."""
-    from lopti_minimal import behaviours, kk
+    from lopti_minimal.task import behaviours, dataset
     from lopti_minimal.models import load_model_and_tokenizer
     _, tok = load_model_and_tokenizer(str(trainer.ROOT / "checkpoints" / "tiny-warm"), device="cpu")
-    records = kk.generate_records(3, 100, seed=3) + kk.generate_unsolvable_records(3, 30, seed=3)
+    records = dataset.generate_records(3, 100, seed=3) + dataset.generate_unsolvable_records(3, 30, seed=3)
     longest = max(len(tok(behaviours.derive_response(r), add_special_tokens=False)["input_ids"]) + 1
                   for r in records)
     assert 400 < longest < make_config("cpu-tiny").max_new_tokens, longest

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lopti_minimal import kk, prompts, warmstart
+from lopti_minimal import warmstart
+from lopti_minimal.task import dataset, kk, prompts
 from lopti_minimal.models import count_parameters, kk_prompt, load_model_and_tokenizer, make_tiny_model
 from lopti_minimal.warmstart import (WarmStartConfig, bucketed_batches, collate, encode_example,
                                      lr_at, response_loss, size_weights)
@@ -104,7 +105,7 @@ def test_two_behaviour_warm_start_weighs_every_token_alike(kk_tokenizer, tmp_pat
 def test_bucketed_batches_keep_every_example_once_and_cut_padding(kk_tokenizer):
     import random
     tok = kk_tokenizer
-    recs = kk.generate_records(4, 48, seed=7)
+    recs = dataset.generate_records(4, 48, seed=7)
     ex = [encode_example(tok, prompts.compact_prompt(r["quiz"]), prompts.target_response(r)) for r in recs]
     batches = bucketed_batches(ex, 6, random.Random(0))
     assert [len(b) for b in batches] == [6] * 8
@@ -190,7 +191,7 @@ def test_loss_falls_in_a_short_run(kk_tokenizer, tmp_path):
 def test_tiny_warm_fixture_spreads_token_probabilities(tiny_warm):
     """The per-bin gradient tests need many response tokens below p = 0.25 and above 0.75."""
     model, tok = tiny_warm
-    records = kk.generate_records(3, 8, seed=4242)
+    records = dataset.generate_records(3, 8, seed=4242)
     ex = [encode_example(tok, kk_prompt(r, tok), prompts.target_response(r)) for r in records]
     ids, attn, mask = collate(ex, tok.pad_token_id)
     with torch.no_grad():
@@ -232,8 +233,8 @@ def test_shipped_warm_start_mostly_guesses_greedy_and_derives_when_sampled():
     at least 60% of official 3-person puzzles (the target; measured on 20 here), always in
     format; sampled at T 0.7 some responses derive, and those are right far more often
     than chance -- the behaviour RL selects."""
-    from lopti_minimal.behaviours import DERIVE as DERIVES, GUESS, behaviour_of
-    from lopti_minimal.evaluate import evaluate_records
+    from lopti_minimal.task.behaviours import DERIVE as DERIVES, GUESS, behaviour_of
+    from lopti_minimal.task.evaluate import evaluate_records
     model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
     recs = kk.load_official([3])[:20]
     greedy = evaluate_records(model, tok, recs, max_new_tokens=640, prompt_style="compact",

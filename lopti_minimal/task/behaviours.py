@@ -28,6 +28,8 @@ from __future__ import annotations
 import random
 import zlib
 
+from . import explain, kk, phrasing, prompts
+
 GUESS, DERIVE = "guess", "derive"
 
 
@@ -49,7 +51,6 @@ def derive_share(responses) -> float:
 def guess_response(record: dict, rng: random.Random) -> str:
     """A guess: the answer block with a random role for each person, straight after the
     think tag."""
-    from . import kk, phrasing, prompts
     roles = [rng.random() < 0.5 for _ in record["names"]]
     answer = phrasing.vary_answer(kk.solution_text_format(record["names"], roles), rng)
     return "\n" + prompts.answer_block(answer)
@@ -58,7 +59,6 @@ def guess_response(record: dict, rng: random.Random) -> str:
 def derive_response(record: dict, rng: random.Random | None = None) -> str:
     """A derivation: the compact explanation, then the answer, phrased at random when
     ``rng`` is given (canonical otherwise).  Scores 3 under the Logic-RL reward."""
-    from . import explain, phrasing, prompts
     if rng is None:
         return prompts.target_response(record, "compact")       # the canonical target
     text = phrasing.vary(explain.compact_explanation(record), rng)

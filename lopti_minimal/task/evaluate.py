@@ -29,6 +29,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..models import adds_bos, kk_prompt
+from ..sampling import decode_responses, sample_groups
+from .reward import score_response
+
 # Response budget per size for the tiny model (eval.py and the training runs' evaluation):
 # above the longest phrased derivation for 3 and 4 people (~550 and ~1,100 tokens, a full
 # search), the 95th percentile for 5 (~1,300); 6 and 7 people are capped to keep the
@@ -73,18 +77,13 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
         scored as part of the response), e.g. "\n " to make the two-behaviour warm start
         derive (behaviours.py): its derivations open with that token, its guesses with "\n".
     """
-    from .models import kk_prompt
-    from .reward import score_response
-    from .sampling import sample_groups
-    from .trainer import _adds_bos, decode_responses
-
     check_records(records)
     max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     greedy = samples == 1
     device = next(model.parameters()).device
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast_bf16 and device.type in ("cpu", "cuda") \
         else contextlib.nullcontext()
-    add_bos = _adds_bos(tokenizer)
+    add_bos = adds_bos(tokenizer)
     by_size: dict[int, list[dict]] = {}
     for r in records:
         by_size.setdefault(record_size(r), []).append(r)
@@ -189,17 +188,3 @@ def write_report(report: dict, path) -> None:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in responses))
         os.replace(tmp, rpath)
 
-
-def resolve_model_source(path: str) -> tuple[str, dict | None]:
-    """A run directory means its final policy (or, if unfinished, its latest checkpoint);
-    returns (model source, the run's config as a dict or None)."""
-    from .trainer import checkpoints, is_run_dir
-    if os.path.isdir(path) and is_run_dir(path):
-        cfg = json.loads((Path(path) / "run.json").read_text())["config"]
-        if (Path(path) / "final" / "config.json").exists():
-            return str(Path(path) / "final"), cfg
-        ck = checkpoints(path)
-        if not ck:
-            raise ValueError(f"run {path} has no checkpoint yet")
-        return str(ck[-1][1]), cfg
-    return path, None

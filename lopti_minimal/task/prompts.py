@@ -18,6 +18,8 @@ build the supervised warm-start target that continues either prompt: an explanat
 """
 from __future__ import annotations
 
+from . import explain
+
 # Logic-RL's system message (must stay byte-exact; see the module docstring).
 QWEN_SYSTEM = (
     "You are a helpful assistant. The assistant first thinks about the reasoning process in "
@@ -72,8 +74,6 @@ def target_response(record: dict, style: str = "compact") -> str:
 
     style="compact": explain.compact_explanation (for the tiny model, n = 3..5);
     style="backtracking": the official backtracking explanation (explain.backtracking_explanation)."""
-    from . import explain  # local import: explain imports kk, which imports this module lazily
-
     if style == "compact":
         text = explain.compact_explanation(record)
     elif style == "backtracking":

@@ -1,0 +1,145 @@
+"""Run directories: what a run writes, how it is written, and how it is read back.
+
+One atomic saver, ``save_hf_atomic``, writes every checkpoint of the project -- the RL
+trainer's periodic and final policies (trainer.py) and the supervised warm start
+(warmstart.py): a Hugging Face folder written under a temporary name and renamed, so a
+reader (or a resume after kill -9) sees either the old folder or the complete new one.
+
+    RUN_DIR/run.json          marker + full config (what --resume reads back)
+    RUN_DIR/metrics.jsonl     one JSON object per RL step
+    RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
+    RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt
+    RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
+RUNS_ROOT = Path(__file__).resolve().parent.parent / "runs"
+
+
+def default_run_dir(cfg) -> str:
+    """runs/<time>-<preset>-<method>-s<seed> (cfg: a TrainConfig)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(RUNS_ROOT / f"{stamp}-{cfg.preset}-{cfg.method}-s{cfg.seed}")
+
+
+def is_run_dir(path) -> bool:
+    p = Path(path) / "run.json"
+    try:
+        return json.loads(p.read_text()).get("kind") == RUN_MARKER
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def checkpoints(run_dir) -> list[tuple[int, Path]]:
+    """Complete periodic checkpoints, oldest first. A checkpoint is complete once renamed
+    from its temporary name, so a crash mid-save leaves only a *.tmp folder, ignored."""
+    out = []
+    for p in Path(run_dir).glob("ckpt-*"):
+        if p.is_dir() and p.name[5:].isdigit() and (p / "trainer_state.pt").exists():
+            out.append((int(p.name[5:]), p))
+    return sorted(out)
+
+
+def resolve_model_source(path: str) -> tuple[str, dict | None]:
+    """A run directory means its final policy (or, if unfinished, its latest checkpoint);
+    returns (model source, the run's config as a dict or None)."""
+    if os.path.isdir(path) and is_run_dir(path):
+        cfg = json.loads((Path(path) / "run.json").read_text())["config"]
+        if (Path(path) / "final" / "config.json").exists():
+            return str(Path(path) / "final"), cfg
+        ck = checkpoints(path)
+        if not ck:
+            raise ValueError(f"run {path} has no checkpoint yet")
+        return str(ck[-1][1]), cfg
+    return path, None
+
+
+def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torch.dtype | None = None) -> None:
+    """save_pretrained into out.tmp, extra files beside it, then one rename: a reader (or a
+    resume after kill -9) sees either the old checkpoint or the complete new one.
+
+    extra: {file name: object}, written with json (names ending in .json) or torch.save.
+    dtype: save the weights cast to this dtype (the model itself is left as it is)."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if dtype is None:
+        model.save_pretrained(tmp, safe_serialization=True)
+    else:
+        sd = {k: v.detach().to(dtype).clone() for k, v in model.state_dict().items()}
+        dtype0 = model.config.dtype
+        model.config.dtype = dtype
+        try:
+            model.save_pretrained(tmp, state_dict=sd, safe_serialization=True)
+        finally:
+            model.config.dtype = dtype0
+    tokenizer.save_pretrained(tmp)
+    for name, obj in (extra or {}).items():
+        if name.endswith(".json"):
+            with open(tmp / name, "w") as f:
+                json.dump(obj, f, indent=1, default=str)
+        else:
+            torch.save(obj, tmp / name)
+    if out.exists():                      # "final" or a warm start is replaced
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, config: dict, keep: int) -> Path:
+    """RUN_DIR/ckpt-<step>: the policy, and in trainer_state.pt the optimizer state, the
+    global RNG states and the run's config (``config``, JSON-ready). Older periodic
+    checkpoints beyond the newest ``keep`` are deleted (0 keeps them all)."""
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "config": config,
+    }
+    path = Path(run_dir) / f"ckpt-{step:06d}"
+    save_hf_atomic(model, tokenizer, path, {"trainer_state.pt": state})
+    if keep:                                     # 0 keeps them all
+        for _, old in checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    """Drop lines logged after the checkpoint we resume from (they will be redone), so the
+    resumed run's log equals an uninterrupted run's. Atomic rewrite."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= max_step:
+                keep.append(line)
+        except ValueError:          # a half-written last line after kill -9
+            pass
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, obj: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
