@@ -29,7 +29,7 @@ def measure(model, tokenizer, prompts: int = 32, group_size: int = 8, people: in
     import torch
     from lopti_minimal.task import dataset, kk
     from lopti_minimal.task.behaviours import DERIVE, behaviour_of
-    from lopti_minimal.diagnostics import (PAPER_FIG1, DiagConfig, bin_masks, collect_batch,
+    from lopti_minimal.experiments.diagnostics import (PAPER_FIG1, DiagConfig, bin_masks, collect_batch,
                                            grpo_config, token_shares)
     from lopti_minimal.grpo import batch_from_rollout, batch_logprobs
 

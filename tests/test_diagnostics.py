@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lopti_minimal import diagnostics as D
+from lopti_minimal.experiments import diagnostics as D
 from lopti_minimal.sampling import Rollout
 
 

@@ -1,4 +1,4 @@
-"""lopti_minimal/study.py: the multi-seed study.
+"""lopti_minimal/experiments/ (study.py, grid.py, stats.py, report.py): the multi-seed study.
 
 Statistics against hand-computed numbers, aggregation and the report on synthetic run
 directories, skip/resume/refusal logic with a fake train function (no model), and one
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from lopti_minimal import study as S
 from lopti_minimal import runs, trainer
+from lopti_minimal.experiments import grid as G
+from lopti_minimal.experiments import report as R
+from lopti_minimal.experiments import stats
+from lopti_minimal.experiments import study as S
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
@@ -42,7 +45,7 @@ def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_
                                 "sample_s": step_s / 2, "update_s": step_s / 4, "derive_share": r,
                                 "truncated": 0.0}) + "\n")
     if heldout is not None:
-        (run_dir / S.HELDOUT_FILE).write_text(json.dumps({"overall": {"accuracy": heldout}}))
+        (run_dir / G.HELDOUT_FILE).write_text(json.dumps({"overall": {"accuracy": heldout}}))
     (run_dir / "eval_final.json").write_text(json.dumps(
         {"per_size": {str(n): {"accuracy": a, "format_error": fmt, "truncated": fmt, "mean_tokens": 100 + 100 * fmt}
                       for n, a in acc.items()}, "seconds": 2.0}))
@@ -53,21 +56,21 @@ def synthetic_study(out: Path, model: str) -> Path:
     GRPO .2 .3 .4 (seeds 0-2); AR .3 .35 .5 .9 (seeds 0-3); Lopti .3 .3 .3 (seeds 0-2);
     plus a GRPO seed 3 with another step count, which must be left out. Format errors:
     GRPO .1 .2 .3, Lopti 0 .1 .2 (always .1 fewer), AR none."""
-    table = {S.GRPO: [.2, .3, .4], S.Variant("ar", alpha=0.2): [.3, .35, .5, .9],
-             S.Variant("lopti", eta=0.4): [.3, .3, .3]}
-    fmt = {S.GRPO: [.1, .2, .3], S.Variant("lopti", eta=0.4): [0, .1, .2]}
+    table = {G.GRPO: [.2, .3, .4], G.Variant("ar", alpha=0.2): [.3, .35, .5, .9],
+             G.Variant("lopti", eta=0.4): [.3, .3, .3]}
+    fmt = {G.GRPO: [.1, .2, .3], G.Variant("lopti", eta=0.4): [0, .1, .2]}
     # Held-out accuracy: GRPO = its accuracy, Lopti = its accuracy + .05, AR none.
-    held = {S.GRPO: 0.0, S.Variant("lopti", eta=0.4): 0.05}
+    held = {G.GRPO: 0.0, G.Variant("lopti", eta=0.4): 0.05}
     for v, accs in table.items():
         for seed, a in enumerate(accs):
             spec = S.RunSpec("ci", v, seed, "main")
             cfg = S.run_config(spec, out, {"model": model, "steps": 3})
             write_finished(spec.run_dir(out), cfg, {3: a, 4: a}, fmt=fmt.get(v, [0.0] * 4)[seed],
                            heldout=a + held[v] if v in held else None)
-    spec = S.RunSpec("ci", S.GRPO, 3, "main")
+    spec = S.RunSpec("ci", G.GRPO, 3, "main")
     write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": model, "steps": 5}), {3: .9, 4: .9})
     # An unfinished run (no eval_final.json) is listed, not aggregated.
-    spec = S.RunSpec("ci", S.GRPO, 4, "main")
+    spec = S.RunSpec("ci", G.GRPO, 4, "main")
     d = spec.run_dir(out)
     d.mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(
@@ -108,37 +111,37 @@ def calls(out, name, preset="ci"):
 # ----------------------------------------------------------------------------- statistics
 
 def test_t_table_matches_the_expansion_and_known_values():
-    assert S.t975(1) == 12.706 and S.t975(4) == 2.776 and S.t975(30) == 2.042
+    assert stats.t975(1) == 12.706 and stats.t975(4) == 2.776 and stats.t975(30) == 2.042
     for df in range(10, 31):        # two independent sources agree
-        assert abs(S.t975(df) - S.t975_expansion(df)) < 1.5e-3, df
-    assert abs(S.t975(1000) - 1.96234) < 1e-4 and abs(S.t975(60) - 2.0003) < 1e-3
+        assert abs(stats.t975(df) - stats.t975_expansion(df)) < 1.5e-3, df
+    assert abs(stats.t975(1000) - 1.96234) < 1e-4 and abs(stats.t975(60) - 2.0003) < 1e-3
     with pytest.raises(ValueError):
-        S.t975(0)
+        stats.t975(0)
 
 
 def test_mean_ci_hand_checked():
     # mean .3; s = sqrt(0.1 / 4) = 0.158114; se = s / sqrt(5) = 0.0707107; half = 2.776 * se
-    c = S.mean_ci([0.1, 0.2, 0.3, 0.4, 0.5])
+    c = stats.mean_ci([0.1, 0.2, 0.3, 0.4, 0.5])
     assert c["n"] == 5 and c["mean"] == pytest.approx(0.3)
     assert c["sd"] == pytest.approx(0.158114, abs=1e-6)
     assert c["half"] == pytest.approx(0.196293, abs=1e-6)
     assert (c["lo"], c["hi"]) == (pytest.approx(0.103707, abs=1e-6), pytest.approx(0.496293, abs=1e-6))
-    one = S.mean_ci([0.7])
+    one = stats.mean_ci([0.7])
     assert one["mean"] == 0.7 and one["half"] is None and one["lo"] is None
-    assert S.mean_ci([])["mean"] is None
+    assert stats.mean_ci([])["mean"] is None
 
 
 def test_paired_difference_hand_checked():
     # diffs .1 .05 .1: mean .083333, s = 0.028868, se = 0.016667, half = 4.303 * se = 0.071717
-    d = S.paired_diff({0: .3, 1: .35, 2: .5, 7: .9}, {0: .2, 1: .3, 2: .4, 5: .1})
+    d = stats.paired_diff({0: .3, 1: .35, 2: .5, 7: .9}, {0: .2, 1: .3, 2: .4, 5: .1})
     assert d["seeds"] == [0, 1, 2] and d["n"] == 3
     assert d["mean"] == pytest.approx(0.083333, abs=1e-6) and d["half"] == pytest.approx(0.071717, abs=1e-6)
     assert d["lo"] == pytest.approx(0.011617, abs=1e-6) and d["excludes_zero"] is True
     assert d["base_mean"] == pytest.approx(0.3) and d["rel"] == pytest.approx(0.277778, abs=1e-6)
     assert d["rel_lo"] == pytest.approx(0.011617 / 0.3, abs=1e-5)
     # The unpaired view of the same numbers would not exclude 0: pairing is what helps.
-    assert S.mean_ci([.3, .35, .5])["lo"] < S.mean_ci([.2, .3, .4])["hi"]
-    single = S.paired_diff({0: .5}, {0: .4})
+    assert stats.mean_ci([.3, .35, .5])["lo"] < stats.mean_ci([.2, .3, .4])["hi"]
+    single = stats.paired_diff({0: .5}, {0: .4})
     assert single["excludes_zero"] is None and single["mean"] == pytest.approx(0.1)
 
 
@@ -146,31 +149,31 @@ def test_paired_difference_hand_checked():
 
 def test_selection_and_detectable_difference_hand_checked():
     ms = [{"derive_share": v, "truncated": t} for v, t in ((.2, 0), (.5, .1), (.85, 0), (.7, .1), (.9, 0))]
-    assert S.selection(ms) == {"steps_to_80": 3.0, "derive_auc": pytest.approx(0.63),
+    assert R.selection(ms) == {"steps_to_80": 3.0, "derive_auc": pytest.approx(0.63),
                                "train_truncated": pytest.approx(0.04)}
     # Never selected within the run: counted as steps + 1.
-    assert S.selection([{"derive_share": .1}, {"derive_share": .5}])["steps_to_80"] == 3.0
+    assert R.selection([{"derive_share": .1}, {"derive_share": .5}])["steps_to_80"] == 3.0
     # n = 5 pairs, sd .1: (t_.975,4 + t_.80,4) * .1 / sqrt(5) = (2.776 + 0.941) * .1 / 2.23607
-    assert S.detectable(0.1, 5) == pytest.approx(0.166228, abs=1e-5)
-    assert S.detectable(None, 1) is None
+    assert stats.detectable(0.1, 5) == pytest.approx(0.166228, abs=1e-5)
+    assert stats.detectable(None, 1) is None
 
 
 def test_variants_are_canonical():
-    assert S.Variant("ar", alpha=0.0) == S.GRPO and S.Variant("ar_lopti", alpha=0, eta=0.5) == S.Variant("lopti", eta=0.5)
-    assert S.Variant("grpo", alpha=0.3, eta=0.5, order="high_first") == S.GRPO
-    assert [v.name for v in S.MAIN] == ["grpo", "ar-a0.2", "lopti-e0.4", "ar_lopti-a0.3-e0.5"]
-    assert S.Variant("lopti", eta=0.4, order="high_first").name == "lopti-e0.4-high_first"
-    assert S.Variant.from_config({"method": "ar", "alpha": 0.2, "eta": 0.5}) == S.Variant("ar", alpha=0.2)
-    assert S.Variant.from_config({"method": "lopti", "alpha": 0.3, "eta": 0.4, "lopti_order": "high_first"}) \
-        == S.Variant("lopti", eta=0.4, order="high_first")
-    with pytest.raises(S.StudyError, match="unknown method"):
-        S.Variant("ppo")
+    assert G.Variant("ar", alpha=0.0) == G.GRPO and G.Variant("ar_lopti", alpha=0, eta=0.5) == G.Variant("lopti", eta=0.5)
+    assert G.Variant("grpo", alpha=0.3, eta=0.5, order="high_first") == G.GRPO
+    assert [v.name for v in G.MAIN] == ["grpo", "ar-a0.2", "lopti-e0.4", "ar_lopti-a0.3-e0.5"]
+    assert G.Variant("lopti", eta=0.4, order="high_first").name == "lopti-e0.4-high_first"
+    assert G.Variant.from_config({"method": "ar", "alpha": 0.2, "eta": 0.5}) == G.Variant("ar", alpha=0.2)
+    assert G.Variant.from_config({"method": "lopti", "alpha": 0.3, "eta": 0.4, "lopti_order": "high_first"}) \
+        == G.Variant("lopti", eta=0.4, order="high_first")
+    with pytest.raises(G.StudyError, match="unknown method"):
+        G.Variant("ppo")
     # The control arm: same method, two optimizer passes per rollout.
-    x2 = S.Variant("grpo", passes=2)
+    x2 = G.Variant("grpo", passes=2)
     assert (x2.name, x2.overrides()) == ("grpo-x2", {"method": "grpo", "ppo_epochs": 2})
-    assert S.Variant.from_config({"method": "grpo", "alpha": 0.3, "ppo_epochs": 2}) == x2 != S.GRPO
+    assert G.Variant.from_config({"method": "grpo", "alpha": 0.3, "ppo_epochs": 2}) == x2 != G.GRPO
     # The main grid's knobs are the table train.py --method uses.
-    for v in S.MAIN:
+    for v in G.MAIN:
         cfg = trainer.make_config(method=v.method)
         assert (v.alpha in (None, cfg.alpha)) and (v.eta in (None, cfg.eta)), v
 
@@ -194,7 +197,7 @@ def test_plan_dedups_shared_runs_and_is_seed_major():
     only = S.plan_runs(["main"], 2, 0, "ci", only={"grpo", "ar_lopti"})
     assert [s.run_dir("/o").as_posix() for s in only] == [
         "/o/ci/grpo-s0", "/o/ci/ar_lopti-a0.3-e0.5-s0", "/o/ci/grpo-s1", "/o/ci/ar_lopti-a0.3-e0.5-s1"]
-    with pytest.raises(S.StudyError, match="unknown grid"):
+    with pytest.raises(G.StudyError, match="unknown grid"):
         S.plan_runs(["nope"], 1, 1, "ci")
 
 
@@ -203,7 +206,7 @@ def test_every_run_of_a_grid_has_the_same_budget(tmp_path):
     cfgs = [S.run_config(s, tmp_path, {"steps": 7}) for s in specs]
     d = trainer.make_config("cpu-tiny")
     assert {(c.steps, c.prompts_per_step, c.group_size) for c in cfgs} == {(7, d.prompts_per_step, d.group_size)}
-    assert len({S.setting_key(c) for c in cfgs}) == 1          # only variant and seed differ
+    assert len({G.setting_key(c) for c in cfgs}) == 1          # only variant and seed differ
     lopti = next(c for c in cfgs if c.method == "lopti")
     assert (lopti.eta, lopti.final_eval, lopti.progress) == (0.4, True, False)
 
@@ -256,15 +259,15 @@ def test_skip_resume_and_refusals_with_a_fake_trainer(tmp_path, fake_model):
     assert len(r["skipped"]) == 4 and not r["done"]
 
     # Refusals, before anything runs: a changed budget, a changed warm start, a stray folder.
-    with pytest.raises(S.StudyError, match=r"different config \(steps\)"):
+    with pytest.raises(G.StudyError, match=r"different config \(steps\)"):
         S.run_study(specs, out, dict(ov, steps=4), train_fn=fake_train, progress=False, echo=echo.append)
     Path(fake_model, "model.safetensors").write_bytes(b"weights-v2")
-    with pytest.raises(S.StudyError, match="warm start of preset ci changed"):
+    with pytest.raises(G.StudyError, match="warm start of preset ci changed"):
         S.run_study(specs, out, ov, train_fn=fake_train, progress=False, echo=echo.append)
     Path(fake_model, "model.safetensors").write_bytes(b"weights-v1")
     (out / "ci" / "grpo-s2").mkdir()
     (out / "ci" / "grpo-s2" / "junk").write_text("x")
-    with pytest.raises(S.StudyError, match="not a lopti-minimal run"):
+    with pytest.raises(G.StudyError, match="not a lopti-minimal run"):
         S.run_study(S.plan_runs(["main"], 3, 0, "ci", only={"grpo"}), out, ov, train_fn=fake_train,
                     progress=False, echo=echo.append)
     assert calls(out, "grpo-s0") == ["new", "threads=None"]
@@ -283,7 +286,7 @@ def test_skip_resume_and_refusals_with_a_fake_trainer(tmp_path, fake_model):
 def test_missing_warm_start_is_refused_before_any_run(tmp_path):
     specs = S.plan_runs(["main"], 1, 0, "ci", only={"grpo"})
     for model in ("checkpoints/no-such-warm-start", str(tmp_path / "missing")):
-        with pytest.raises(S.StudyError, match="not found"):
+        with pytest.raises(G.StudyError, match="not found"):
             S.run_study(specs, tmp_path / "study", {"model": model}, train_fn=fake_train, progress=False,
                         echo=lambda s: None)
     assert not (tmp_path / "study" / "ci").exists()
@@ -303,7 +306,7 @@ def test_parallel_jobs_with_a_fake_trainer(tmp_path, fake_model):
 
 def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     out = synthetic_study(tmp_path / "study", fake_model)
-    res = S.aggregate(out, window=2)
+    res = R.aggregate(out, window=2)
     assert len(res["unfinished"]) == 1 and res["unfinished"][0].endswith("grpo-s4")
     pr = res["presets"]["ci"]
     assert pr["sizes"] == [3, 4] and list(pr["variants"]) == ["grpo", "ar-a0.2", "lopti-e0.4"]
@@ -355,7 +358,7 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
 def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake_model):
     out = synthetic_study(tmp_path / "study", fake_model)
     report, figs = tmp_path / "docs" / "RESULTS.md", tmp_path / "docs" / "figures"
-    S.write_report(S.aggregate(out), report, figs)
+    R.write_report(R.aggregate(out), report, figs)
     text = report.read_text()
     assert "Seeds 0-2 (n = 3 per row)." in text
     assert "| GRPO | 0.300 ± 0.248 | 0.300 ± 0.248 | 0.300 ± 0.248 | – | – |" in text
@@ -378,16 +381,16 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     # Held-out accuracy and the selection columns, paired like accuracy.
     assert "| GRPO+Lopti (η=0.4) | 0.350 ± 0.000 | +0.050 [-0.198, +0.298] | 3.0 ± 0.0 | +0.0 [+0.0, +0.0] |" in text
 
-    report.write_text(text.replace(S.HAND_BEGIN + "\n", S.HAND_BEGIN + "\nOur reading: nothing yet.\n"))
-    S.write_report(S.aggregate(out), report, figs, plots=False)
+    report.write_text(text.replace(R.HAND_BEGIN + "\n", R.HAND_BEGIN + "\nOur reading: nothing yet.\n"))
+    R.write_report(R.aggregate(out), report, figs, plots=False)
     new = report.read_text()
-    assert "Our reading: nothing yet." in new and new.count(S.HAND_BEGIN) == 1
+    assert "Our reading: nothing yet." in new and new.count(R.HAND_BEGIN) == 1
 
 
 def test_report_without_runs_is_a_template(tmp_path):
-    p = S.write_report(S.aggregate(tmp_path / "empty"), tmp_path / "R.md", tmp_path / "f")
+    p = R.write_report(R.aggregate(tmp_path / "empty"), tmp_path / "R.md", tmp_path / "f")
     text = Path(p).read_text()
-    assert "No finished runs yet" in text and "+46.2%" in text and S.HAND_END in text
+    assert "No finished runs yet" in text and "+46.2%" in text and R.HAND_END in text
 
 
 def test_cli_report_only_dry_run_and_bad_input(tmp_path, fake_model, capsys):
@@ -431,7 +434,7 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
         assert (d / "eval_final.json").exists() and (d / "final" / "config.json").exists(), name
         assert len((d / "metrics.jsonl").read_text().splitlines()) == 2
         assert "step    2/2" in (d / "train.log").read_text()
-        assert json.loads((d / S.HELDOUT_FILE).read_text())["per_size"]["3"]["n"] == 6
+        assert json.loads((d / G.HELDOUT_FILE).read_text())["per_size"]["3"]["n"] == 6
     res = json.loads((out / "study_results.json").read_text())
     rows = res["presets"]["ci"]["grids"]["main"]["rows"]
     assert set(rows) == {"grpo", "ar_lopti-a0.3-e0.5"} and rows["ar_lopti-a0.3-e0.5"]["vs_grpo"]["avg"]["n"] == 1

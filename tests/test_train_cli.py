@@ -89,7 +89,7 @@ def test_help_shows_only_real_defaults(capsys):
     """Options that a preset (or the model) fills are None in argparse: their help must not
     print "(default: None)", while real defaults are still shown."""
     import eval as eval_cli
-    from lopti_minimal import study
+    from lopti_minimal.experiments import study
     for parse, real in ((train_cli.parse_args, "(default: cpu-tiny)"),
                         (eval_cli.parse_args, "(default: 100)"),
                         (study.parse_args, "(default: 5)")):

@@ -1,0 +1,189 @@
+"""What the study compares, and what must be equal across a comparison.
+
+A variant is one method with its knobs (Variant); a grid is a tuple of variants
+(GRIDS: the main comparison with the paper's per-method K&K settings, the control arm,
+REINFORCE++ and the one-knob sweeps); two runs belong to one comparison when their
+configs agree in everything but the variant, the seed and the runtime fields
+(setting_key). study.py runs the grids, report.py tabulates them; both read this module.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import trainer
+
+
+class StudyError(ValueError):
+    """A study that cannot go on safely (mixed configs or warm starts): one line, exit 2."""
+
+
+# =======================================================================================
+# 1. What is compared: variants and grids
+# =======================================================================================
+
+@dataclass(frozen=True)
+class Variant:
+    """One method with its knobs. Canonical: knobs a method does not use are dropped, and
+    AR with alpha = 0 becomes the method without AR (the same computation, bit for bit)."""
+    method: str
+    alpha: float | None = None        # AR strength (paper Eq. 4), AR methods only
+    eta: float | None = None          # Lopti threshold on pi_old, Lopti methods only
+    order: str = "low_first"          # Lopti stage order, Lopti methods only
+    passes: int = 1                   # optimizer passes over each rollout (ppo_epochs)
+    estimator: str = "grpo"           # advantage estimator: grpo | reinforce_pp (REINFORCE++)
+
+    def __post_init__(self):
+        m = self.method
+        if m not in trainer.METHODS:
+            raise StudyError(f"unknown method {m!r}: choose one of {', '.join(trainer.METHODS)}")
+        if self.order not in ("low_first", "high_first"):
+            raise StudyError(f"unknown Lopti order {self.order!r}: low_first or high_first")
+        if m in ("ar", "ar_lopti") and self.alpha is not None and float(self.alpha) == 0.0:
+            m = {"ar": "grpo", "ar_lopti": "lopti"}[m]
+        ar, lopti = m in ("ar", "ar_lopti"), m in ("lopti", "ar_lopti")
+        object.__setattr__(self, "method", m)
+        object.__setattr__(self, "alpha", float(self.alpha) if ar and self.alpha is not None else None)
+        object.__setattr__(self, "eta", float(self.eta) if lopti and self.eta is not None else None)
+        object.__setattr__(self, "order", self.order if lopti else "low_first")
+        object.__setattr__(self, "passes", int(self.passes))
+        if self.estimator not in trainer.ESTIMATORS:
+            raise StudyError(f"unknown estimator {self.estimator!r}: {', '.join(trainer.ESTIMATORS)}")
+        if self.passes < 1:
+            raise StudyError(f"passes must be >= 1, got {self.passes}")
+
+    @property
+    def name(self) -> str:
+        """Directory-safe, deterministic: grpo, ar-a0.2, lopti-e0.4-high_first, ..."""
+        s = self.method
+        if self.alpha is not None:
+            s += f"-a{self.alpha:g}"
+        if self.eta is not None:
+            s += f"-e{self.eta:g}"
+        if self.order != "low_first":
+            s += f"-{self.order}"
+        if self.passes != 1:
+            s += f"-x{self.passes}"
+        if self.estimator != "grpo":
+            s = "rpp-" + s
+        return s
+
+    @property
+    def label(self) -> str:
+        base = {"grpo": "GRPO", "ar": "GRPO+AR", "lopti": "GRPO+Lopti", "ar_lopti": "GRPO+AR+Lopti"}[self.method]
+        if self.estimator == "reinforce_pp":
+            base = base.replace("GRPO", "REINFORCE++")
+        knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
+                ([f"η={self.eta:g}"] if self.eta is not None else []) + \
+                (["high first"] if self.order == "high_first" else []) + \
+                ([f"{self.passes} optimizer steps per rollout"] if self.passes != 1 else [])
+        return f"{base} ({', '.join(knobs)})" if knobs else base
+
+    def overrides(self) -> dict:
+        """The TrainConfig fields of this variant. lopti_order is passed only when it is
+        not the default, so low-first runs need no trainer support for the option."""
+        d = {"method": self.method}
+        if self.alpha is not None:
+            d["alpha"] = self.alpha
+        if self.eta is not None:
+            d["eta"] = self.eta
+        if self.order != "low_first":
+            d["lopti_order"] = self.order
+        if self.passes != 1:
+            d["ppo_epochs"] = self.passes
+        if self.estimator != "grpo":
+            d["estimator"] = self.estimator
+        return d
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "Variant":
+        """The variant a run config (run.json["config"]) belongs to."""
+        return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), cfg.get("lopti_order", "low_first"),
+                   cfg.get("ppo_epochs", 1), cfg.get("estimator", "grpo"))
+
+
+GRPO = Variant("grpo")
+# The paper's K&K settings per method (trainer.PAPER_SETTINGS, the table `train.py --method`
+# uses): the rows of its results table.
+_ps = trainer.paper_settings
+MAIN = (GRPO, Variant("ar", alpha=_ps("ar")["alpha"]), Variant("lopti", eta=_ps("lopti")["eta"]),
+        Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"]))
+# The control arm: GRPO with two optimizer steps per rollout on the same samples (two passes,
+# ppo_epochs = 2). Lopti makes two AdamW steps per rollout where GRPO makes one, and AdamW
+# normalises each step, so part of a Lopti gain could be the extra step rather than the
+# isolation. The paper does not control for this.
+GRPO_X2 = Variant("grpo", passes=2)
+GRIDS: dict[str, tuple[Variant, ...]] = {
+    "main": MAIN,
+    "control": (GRPO, GRPO_X2, Variant("lopti", eta=_ps("lopti")["eta"])),
+    # The second baseline of the paper's reference code: REINFORCE++ (batch-whitened
+    # returns, no group baseline), alone and with AR+Lopti, beside GRPO.
+    "reinforce_pp": (GRPO, Variant("grpo", estimator="reinforce_pp"),
+                     Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"],
+                             estimator="reinforce_pp")),
+    # alpha = 0 is GRPO (canonicalised), alpha = 0.2 is the main grid's AR.
+    "alpha": tuple(Variant("ar", alpha=a) for a in (0.0, 0.1, 0.2, 0.3, 0.5)),
+    # eta = 0.4 is the main grid's Lopti; GRPO is the baseline of the comparison.
+    "eta": (GRPO,) + tuple(Variant("lopti", eta=e) for e in (0.3, 0.4, 0.5, 0.7)),
+    "order": (GRPO, Variant("lopti", eta=0.4), Variant("lopti", eta=0.4, order="high_first")),
+}
+GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
+               "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",
+               "reinforce_pp": "REINFORCE++ as the baseline (the reference's other estimator)",
+               "alpha": "Sweep: AR strength alpha (GRPO+AR)",
+               "eta": "Sweep: Lopti threshold eta (GRPO+Lopti)",
+               "order": "Sweep: Lopti stage order (low-first = paper, high-first = ablation)"}
+
+# Paper, K&K accuracy per size 3..7 and avg (from Yang et al. 2025, the K&K
+# results table; each one run, accuracy = mean of the last three evaluations).
+PAPER_KK = {
+    "Qwen2.5-3B-Instruct": {
+        "base": (.09, .10, .03, .05, .02, .06), "grpo": (.60, .45, .33, .34, .23, .39),
+        "ar": (.67, .62, .53, .44, .37, .53), "lopti": (.74, .67, .56, .42, .30, .54),
+        "ar_lopti": (.72, .66, .55, .52, .40, .57)},
+    "Qwen2.5-7B-Instruct-1M": {
+        "base": (.22, .15, .08, .10, .02, .11), "grpo": (.91, .91, .77, .65, .61, .77),
+        "ar": (.97, .98, .89, .83, .80, .89), "lopti": (.95, .94, .84, .80, .76, .86),
+        "ar_lopti": (.95, .94, .91, .87, .87, .91)},
+}
+
+
+# =======================================================================================
+# What must be equal across a comparison
+# =======================================================================================
+
+# Fields that do not change what a run computes (where it writes, how it shows progress,
+# how many threads): ignored when configs are compared.
+RUNTIME_FIELDS = {"run_dir", "progress", "plots", "tensorboard", "threads", "cache_dir"}
+VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "ppo_epochs", "estimator", "seed"}
+
+
+def normalised(cfg) -> dict:
+    """A config as plain JSON (tuples -> lists, missing fields -> defaults)."""
+    if not isinstance(cfg, trainer.TrainConfig):
+        cfg = trainer.config_from_json(cfg)
+    return json.loads(json.dumps(trainer.config_to_json(cfg)))
+
+
+def config_diff(a, b, ignore=RUNTIME_FIELDS) -> list[str]:
+    """Names of the fields in which two configs differ (runtime fields ignored)."""
+    a, b = normalised(a), normalised(b)
+    return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k) != b.get(k))
+
+
+def setting_key(cfg) -> str:
+    """What must be equal across the runs of one comparison: all but variant and seed."""
+    d = normalised(cfg)
+    return json.dumps({k: v for k, v in sorted(d.items()) if k not in RUNTIME_FIELDS | VARIANT_FIELDS})
+
+
+# =======================================================================================
+# The study folder: OUT/<preset>/<variant>-s<seed>/ (study.py writes, report.py reads)
+# =======================================================================================
+
+HELDOUT_FILE = "eval_heldout.json"   # a run's evaluation on the held-out set, beside eval_final.json
+
+
+def warm_start_eval_path(out, preset: str) -> Path:
+    return Path(out) / preset / "warm-start-eval.json"

@@ -1,0 +1,595 @@
+"""The study's report: finished run directories -> one JSON (aggregate) -> the markdown
+report docs/RESULTS.md with its figures (write_report).
+
+What it states, and only that (study.py, design choices 5 and 6): per grid a balanced
+table (the seeds all its rows have), means with 95% t intervals, the paired difference
+from GRPO with its interval, the paper's numbers beside ours, the compute of every arm.
+The block between the HAND-WRITTEN markers is the author's and survives regeneration.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from .. import runs
+from ..trainer import ROOT
+from .grid import (GRID_TITLES, GRIDS, GRPO, HELDOUT_FILE, PAPER_KK, RUNTIME_FIELDS, VARIANT_FIELDS,
+                   Variant, config_diff, setting_key, warm_start_eval_path)
+from .stats import mean_ci, paired_diff, t975
+
+HAND_BEGIN = "<!-- BEGIN HAND-WRITTEN: study.py keeps this block when it regenerates the file -->"
+HAND_END = "<!-- END HAND-WRITTEN -->"
+
+
+# =======================================================================================
+# 5. Aggregation: finished run directories -> one JSON
+# =======================================================================================
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def _size_mean(report: dict, key: str, sizes=None) -> float:
+    """Mean over the sizes of an evaluation report (evaluate.py) of one per-size field."""
+    return float(np.mean([v.get(key, 0.0) for n, v in report["per_size"].items()
+                          if sizes is None or int(n) in sizes]))
+
+
+def read_run(run_dir) -> dict:
+    """One finished run: its variant, seed, config, per-size final accuracy, curves, times."""
+    run_dir = Path(run_dir)
+    cfg = json.loads((run_dir / "run.json").read_text())["config"]
+    ev = json.loads((run_dir / "eval_final.json").read_text())
+    acc = {int(n): float(v["accuracy"]) for n, v in ev["per_size"].items()}
+    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    hfile = run_dir / HELDOUT_FILE
+    heldout = float(json.loads(hfile.read_text())["overall"]["accuracy"]) if hfile.exists() else None
+    tfile = run_dir / "study_time.json"
+    if tfile.exists():
+        wall = json.loads(tfile.read_text())["wall_s"]
+    else:                                        # a run made outside the study
+        wall = sum(m.get("step_s", 0.0) for m in metrics) + float(ev.get("seconds", 0.0))
+    return {"dir": str(run_dir), "preset": cfg.get("preset", "?"), "variant": Variant.from_config(cfg),
+            "seed": int(cfg["seed"]), "config": cfg, "setting": setting_key(cfg),
+            "accuracy": acc, "avg": float(np.mean(list(acc.values()))),
+            "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
+            "tokens": _size_mean(ev, "mean_tokens"),
+            "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall),
+            "heldout": heldout, **selection(metrics)}
+
+
+SELECT_AT = 0.8          # "the behaviour is selected": derivations are >= 80% of the samples
+
+
+def selection(metrics: list[dict]) -> dict:
+    """How fast RL selects the derivations (behaviours.py), from one run's metrics:
+    steps_to_80 = the first step whose samples are >= 80% derivations (a run that never
+    gets there counts as steps + 1, so a slower method never looks faster), derive_auc =
+    the area under the share-of-derivations curve per step (its mean over the steps: 1 =
+    derivations from the first step on), and train_truncated = the mean share of samples
+    cut at the response cap."""
+    ds = [m["derive_share"] for m in metrics if "derive_share" in m]
+    if not ds:
+        return {"steps_to_80": None, "derive_auc": None, "train_truncated": None}
+    hit = next((i + 1 for i, v in enumerate(ds) if v >= SELECT_AT), len(ds) + 1)
+    return {"steps_to_80": float(hit), "derive_auc": float(np.mean(ds)),
+            "train_truncated": float(np.mean([m.get("truncated", 0.0) for m in metrics]))}
+
+
+def find_runs(out) -> tuple[list[Path], list[Path]]:
+    """(finished, unfinished) run directories under OUT."""
+    done, open_ = [], []
+    for rj in sorted(Path(out).rglob("run.json")):
+        d = rj.parent
+        if runs.is_run_dir(d):
+            (done if (d / "eval_final.json").exists() else open_).append(d)
+    return done, open_
+
+
+def curve_stats(runs: list[dict], key: str, window: int) -> dict:
+    """Per step, over seeds: mean and 95% t band of the per-seed moving average of ``key``."""
+    from ..plots import moving_average
+    series = [[m[key] for m in r["metrics"] if key in m] for r in runs]
+    T = min((len(s) for s in series), default=0)
+    if T == 0:
+        return {"step": [], "mean": [], "lo": [], "hi": []}
+    Y = np.array([moving_average(s[:T], window) for s in series])
+    mean = Y.mean(0)
+    if len(Y) > 1:
+        half = t975(len(Y) - 1) * Y.std(0, ddof=1) / math.sqrt(len(Y))
+        lo, hi = mean - half, mean + half
+    else:
+        lo = hi = mean
+    steps = [m["step"] for m in runs[0]["metrics"][:T]]
+    r6 = lambda a: [round(float(v), 6) for v in a]     # noqa: E731
+    return {"step": steps, "mean": r6(mean), "lo": r6(lo), "hi": r6(hi)}
+
+
+def _variant_rank(v: Variant) -> tuple:
+    """Report order: the grids' order (main first), then anything else by name."""
+    known = list(dict.fromkeys(x for g in GRIDS.values() for x in g))
+    return (known.index(v), "") if v in known else (len(known), v.name)
+
+
+SELECTION_KEYS = ("heldout", "steps_to_80", "derive_auc", "train_truncated")
+CURVE_KEYS = ("reward", "accuracy", "derive_share")
+
+
+def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict | None:
+    """The balanced table of one grid: only the seeds that *every* variant of the grid
+    with finished runs has, so each row (GRPO's included) averages the same seeds and
+    every difference is paired on all of them."""
+    names = [v for v in GRIDS[grid] if v in groups]
+    if not names:
+        return None
+    seeds = sorted(set.intersection(*({r["seed"] for r in groups[v]} for v in names)))
+    rows = {}
+    for v in names:
+        vr = [r for r in groups[v] if r["seed"] in seeds]
+        acc = {str(n): mean_ci([r["accuracy"][n] for r in vr]) for n in sizes}
+        acc["avg"] = mean_ci([r["avg"] for r in vr])
+        vs = None
+        if GRPO in names and v != GRPO and vr:
+            base = {r["seed"]: r for r in groups[GRPO] if r["seed"] in seeds}
+            vs = {str(n): paired_diff({r["seed"]: r["accuracy"][n] for r in vr},
+                                      {s: b["accuracy"][n] for s, b in base.items()}) for n in sizes}
+            vs["avg"] = paired_diff({r["seed"]: r["avg"] for r in vr}, {s: b["avg"] for s, b in base.items()})
+        fmt = {"mean": mean_ci([r["format_error"] for r in vr]), "vs_grpo": None,
+               "truncated": mean_ci([r["truncated"] for r in vr]),
+               "tokens": mean_ci([r["tokens"] for r in vr]), "tokens_vs_grpo": None}
+        if vs is not None:
+            for k, key in (("vs_grpo", "format_error"), ("tokens_vs_grpo", "tokens")):
+                fmt[k] = paired_diff({r["seed"]: r[key] for r in vr}, {s: b[key] for s, b in base.items()})
+        sel = {}
+        for key in SELECTION_KEYS:
+            have = [r for r in vr if r.get(key) is not None]
+            if not have:
+                continue
+            sel[key] = {"mean": mean_ci([r[key] for r in have]), "vs_grpo": None}
+            if vs is not None:
+                sel[key]["vs_grpo"] = paired_diff({r["seed"]: r[key] for r in have},
+                                                  {s: b[key] for s, b in base.items() if b.get(key) is not None})
+        rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
+                        "format_error": fmt, "selection": sel,
+                        "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None}
+    return {"seeds": seeds, "rows": rows}
+
+
+def aggregate(out, window: int = 5) -> dict:
+    """Everything the report needs, from the run directories under OUT (JSON-ready)."""
+    out = Path(out)
+    done, unfinished = find_runs(out)
+    runs = [read_run(d) for d in done]
+    by_preset: dict[str, list[dict]] = {}
+    for r in runs:
+        by_preset.setdefault(r["preset"], []).append(r)
+    study = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {"presets": {}}
+    shown = os.path.relpath(out, ROOT) if out.resolve().is_relative_to(ROOT) else str(out)
+    res = {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "out": shown, "presets": {}, "unfinished": [str(d) for d in unfinished],
+           "invocations": _read_jsonl(out / "study_log.jsonl"), "window": window}
+    for preset, rs in sorted(by_preset.items()):
+        # The setting all runs must share: the one of the GRPO runs, else the commonest.
+        keys = Counter(r["setting"] for r in rs if r["variant"] == GRPO) or Counter(r["setting"] for r in rs)
+        ref = keys.most_common(1)[0][0]
+        kept = [r for r in rs if r["setting"] == ref]
+        ref_cfg = kept[0]["config"]
+        excluded = [{"dir": r["dir"], "differs_in": config_diff(r["config"], ref_cfg,
+                                                                RUNTIME_FIELDS | VARIANT_FIELDS)}
+                    for r in rs if r["setting"] != ref]
+        sizes = sorted(set.intersection(*(set(r["accuracy"]) for r in kept)))
+        groups: dict[Variant, list[dict]] = {}
+        for r in sorted(kept, key=lambda r: r["seed"]):
+            groups.setdefault(r["variant"], []).append(r)
+        variants = {}
+        for v, vr in sorted(groups.items(), key=lambda kv: _variant_rank(kv[0])):
+            mean_of = lambda key: float(np.mean([np.mean([m.get(key, 0.0) for m in r["metrics"]] or [0.0])  # noqa: E731
+                                                 for r in vr]))
+            acc = {str(n): mean_ci([r["accuracy"][n] for r in vr]) for n in sizes}
+            acc["avg"] = mean_ci([r["avg"] for r in vr])
+            variants[v.name] = {
+                "label": v.label, "method": v.method, "alpha": v.alpha, "eta": v.eta, "order": v.order,
+                "seeds": [r["seed"] for r in vr], "n": len(vr), "accuracy": acc,
+                "per_seed": {str(r["seed"]): {**{str(n): r["accuracy"][n] for n in sizes}, "avg": r["avg"]}
+                             for r in vr},
+                "format_error": mean_ci([r["format_error"] for r in vr]),
+                "timing": {"step_s": mean_of("step_s"), "sample_s": mean_of("sample_s"),
+                           "update_s": mean_of("update_s"), "eval_s": float(np.mean([r["eval_s"] for r in vr])),
+                           "run_wall_s": float(np.mean([r["wall_s"] for r in vr]))},
+                "update_passes": (2 if v.method in ("lopti", "ar_lopti") else 1) * v.passes,
+            }
+        grids = {g: t for g in GRIDS if (t := grid_table(groups, g, sizes, window))}
+        wpath = warm_start_eval_path(out, preset)
+        warm = None
+        if wpath.exists():
+            wev = json.loads(wpath.read_text())
+            wacc = {str(n): float(v["accuracy"]) for n, v in wev["per_size"].items() if int(n) in sizes}
+            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model"),
+                    "format_error": _size_mean(wev, "format_error", sizes),
+                    "truncated": _size_mean(wev, "truncated", sizes), "tokens": _size_mean(wev, "mean_tokens", sizes)}
+            hpath = wpath.with_name("warm-start-heldout.json")
+            if hpath.exists():
+                warm["heldout"] = float(json.loads(hpath.read_text())["overall"]["accuracy"])
+        P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
+        res["presets"][preset] = {
+            "model": ref_cfg["model"], "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
+            "sizes": sizes, "variants": variants, "grids": grids, "excluded": excluded, "warm_start": warm,
+            "budget": {"steps": S, "prompts_per_step": P, "group_size": G, "responses_per_run": S * P * G,
+                       "mini_batch_size": ref_cfg["mini_batch_size"],
+                       "optimizer_steps_per_stage": math.ceil(P * G / ref_cfg["mini_batch_size"]),
+                       "lr": ref_cfg["lr"], "max_new_tokens": ref_cfg["max_new_tokens"],
+                       "rl_sizes": ref_cfg["rl_sizes"], "eval_per_size": ref_cfg["eval_per_size"],
+                       "temperature": ref_cfg["temperature"]},
+            "compute_s": float(sum(r["wall_s"] for r in rs)), "n_runs": len(rs),
+        }
+    return res
+
+
+# =======================================================================================
+# 6. Plots
+# =======================================================================================
+
+def plot_curves(table: dict, path, title: str, window: int) -> str:
+    """Learning curves of a grid table: mean over its seeds with a 95% t band."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(16, 3.8))
+    axes = fig.subplots(1, 3)
+    for ax, key, lab in zip(axes, CURVE_KEYS, ("mean reward", "accuracy of sampled responses",
+                                               "share of derivations among the samples")):
+        for row in table["rows"].values():
+            c = (row["curves"] or {}).get(key)
+            if not c or not c["step"]:
+                continue
+            line, = ax.plot(c["step"], c["mean"], lw=2, label=row["label"])
+            ax.fill_between(c["step"], c["lo"], c["hi"], color=line.get_color(), alpha=0.18, lw=0)
+        ax.set_xlabel("RL step")
+        ax.set_title(f"{lab} (moving avg {window})", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title}; mean over seeds {_seed_text(table['seeds'])}, 95% t band", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def plot_sizes(table: dict, sizes: list[int], path, title: str) -> str:
+    """Final accuracy per size and avg of a grid table, with 95% t error bars."""
+    from matplotlib.figure import Figure
+    cols = [str(n) for n in sizes] + ["avg"]
+    x = np.arange(len(cols))
+    rows = list(table["rows"].values())
+    w = 0.8 / max(len(rows), 1)
+    fig = Figure(figsize=(1.3 * len(cols) + 3, 3.8))
+    ax = fig.subplots()
+    for i, row in enumerate(rows):
+        m = [row["accuracy"][c]["mean"] for c in cols]
+        h = [row["accuracy"][c]["half"] or 0.0 for c in cols]
+        ax.bar(x + (i - (len(rows) - 1) / 2) * w, m, w, yerr=h, capsize=2, label=row["label"])
+    ax.set_xticks(x, [f"{c} people" if c != "avg" else "avg" for c in cols])
+    ax.set_ylabel("greedy accuracy (official sets)")
+    ax.set_title(f"{title}; seeds {_seed_text(table['seeds'])}", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+# =======================================================================================
+# 7. The report (markdown)
+# =======================================================================================
+
+def _seed_text(seeds) -> str:
+    seeds = list(seeds)
+    if seeds and seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds)) or "none"
+
+
+def _cell(s: dict, digits: int = 3) -> str:
+    if s["mean"] is None:
+        return "–"
+    return f"{s['mean']:.{digits}f}" + (f" ± {s['half']:.{digits}f}" if s["half"] is not None else "")
+
+
+def _diff_cell(d: dict | None, digits: int = 3) -> str:
+    if not d or d["mean"] is None:
+        return "–"
+    if d["lo"] is None:
+        return f"{d['mean']:+.{digits}f} (n={d['n']})"
+    star = " *" if d["excludes_zero"] else ""
+    return f"{d['mean']:+.{digits}f} [{d['lo']:+.{digits}f}, {d['hi']:+.{digits}f}]{star}"
+
+
+def _rel_cell(d: dict | None) -> str:
+    if not d or d["rel"] is None:
+        return "–"
+    if d["rel_lo"] is None:
+        return f"{d['rel']:+.1%}"
+    return f"{d['rel']:+.1%} [{d['rel_lo']:+.1%}, {d['rel_hi']:+.1%}]"
+
+
+def paper_rel(model: str, method: str) -> float:
+    row = PAPER_KK[model]
+    return row[method][-1] / row["grpo"][-1] - 1
+
+
+def statement(row: dict) -> str:
+    """The automatic, conservative sentence for one method vs GRPO (avg over sizes)."""
+    d = (row.get("vs_grpo") or {}).get("avg")
+    if not d or d["n"] == 0:
+        return f"- **{row['label']}**: no finished GRPO run on the same seeds; no comparison."
+    if d["lo"] is None:
+        return (f"- **{row['label']}**: {d['n']} paired seed, too few for a confidence interval; "
+                f"difference {d['mean']:+.3f}; no statement.")
+    rel = f" ({d['rel']:+.1%})" if d["rel"] is not None else ""
+    text = (f"- **{row['label']}**: mean accuracy over sizes {row['accuracy']['avg']['mean']:.3f} vs GRPO "
+            f"{d['base_mean']:.3f} on the same {d['n']} seeds; difference {d['mean']:+.3f}{rel}, "
+            f"paired 95% CI [{d['lo']:+.3f}, {d['hi']:+.3f}]")
+    if d["excludes_zero"]:
+        text += f" excludes 0: {'higher' if d['mean'] > 0 else 'lower'} than GRPO at this scale."
+    else:
+        text += " includes 0: no difference from GRPO detected at this scale"
+        text += (f"; with {d['n']} seeds and this seed-to-seed spread, a true difference of about "
+                 f"±{d['mde80']:.3f} would have been detected with 80% power." if d.get("mde80") else ".")
+    if row["method"] != "grpo":
+        text += (f" (Paper, one run each: {paper_rel('Qwen2.5-3B-Instruct', row['method']):+.1%} on 3B, "
+                 f"{paper_rel('Qwen2.5-7B-Instruct-1M', row['method']):+.1%} on 7B.)")
+    return text
+
+
+def summary(rows: list[dict]) -> str | None:
+    """How many methods are above / indistinguishable from / below GRPO (avg, paired CI)."""
+    judged = [r["vs_grpo"]["avg"] for r in rows if r.get("vs_grpo") and r["vs_grpo"]["avg"]["excludes_zero"] is not None]
+    if not judged:
+        return None
+    up = sum(d["excludes_zero"] and d["mean"] > 0 for d in judged)
+    down = sum(d["excludes_zero"] and d["mean"] < 0 for d in judged)
+    return (f"Summary (computed): of {len(judged)} methods compared with GRPO, {up} score higher with a "
+            f"paired 95% CI that excludes 0 (the direction of the paper's result), {len(judged) - up - down} "
+            f"have a CI that includes 0, and {down} score lower with a CI that excludes 0. Each comparison "
+            "is at the 5% level on its own; with several of them, one may exclude 0 by chance.")
+
+
+def _variant_table(table: dict, sizes: list[int], warm: dict | None = None) -> list[str]:
+    sz = [str(n) for n in sizes]
+    lines = ["| method | " + " | ".join(f"{s} people" for s in sz) + " | avg | Δ avg vs GRPO [paired 95% CI] | relative |",
+             "|" + "---|" * (len(sz) + 4)]
+    if warm:            # one greedy evaluation, no seeds: a plain value
+        lines.append("| warm start (no RL) | " + " | ".join(f"{warm['accuracy'][s]:.3f}" for s in sz)
+                     + f" | {warm['accuracy']['avg']:.3f} | | |")
+    for row in table["rows"].values():
+        d = (row.get("vs_grpo") or {}).get("avg")
+        lines.append(f"| {row['label']} | " + " | ".join(_cell(row["accuracy"][s]) for s in sz)
+                     + f" | {_cell(row['accuracy']['avg'])} | {_diff_cell(d)} | {_rel_cell(d)} |")
+    return lines
+
+
+def _diff_table(table: dict, sizes: list[int]) -> list[str]:
+    sz = [str(n) for n in sizes]
+    lines = ["| method | " + " | ".join(f"{s} people" for s in sz) + " | avg |", "|" + "---|" * (len(sz) + 2)]
+    for row in table["rows"].values():
+        if row.get("vs_grpo"):
+            lines.append(f"| {row['label']} | " + " | ".join(_diff_cell(row["vs_grpo"][s]) for s in sz + ["avg"]) + " |")
+    return lines if len(lines) > 2 else []
+
+
+def _format_table(table: dict, warm: dict | None) -> list[str]:
+    """Format errors (responses without a well-formed answer block), how many of them hit
+    the response budget, and the response length, means over the sizes of each run's
+    final evaluation: what RL changes first in a small model."""
+    lines = ["| method | format errors | Δ vs GRPO [paired 95% CI] | truncated at the budget | "
+             "response tokens | Δ tokens vs GRPO [paired 95% CI] |", "|---|---|---|---|---|---|"]
+    if warm and "format_error" in warm:
+        lines.append(f"| warm start (no RL) | {warm['format_error']:.3f} | | {warm['truncated']:.3f} | "
+                     f"{warm['tokens']:.0f} | |")
+    for row in table["rows"].values():
+        f = row.get("format_error")
+        if f:
+            lines.append(f"| {row['label']} | {_cell(f['mean'])} | {_diff_cell(f['vs_grpo'])} | "
+                         f"{_cell(f['truncated'])} | {_cell(f['tokens'], 0)} | "
+                         f"{_diff_cell(f['tokens_vs_grpo'], 0)} |")
+    return lines
+
+
+SELECTION_COLS = (("heldout", "held-out accuracy", 3), ("steps_to_80", "steps to 80% derivations", 1),
+                  ("derive_auc", "derivation share AUC", 3), ("train_truncated", "sampled cut at the cap", 3))
+
+
+def _selection_table(table: dict, warm: dict | None) -> list[str]:
+    cols = [c for c in SELECTION_COLS if any(c[0] in r.get("selection", {}) for r in table["rows"].values())]
+    if not cols:
+        return []
+    lines = ["| method | " + " | ".join(f"{t} | Δ vs GRPO" for _, t, _ in cols) + " |",
+             "|---|" + "---|---|" * len(cols)]
+    if warm and warm.get("heldout") is not None and cols[0][0] == "heldout":
+        lines.append(f"| warm start (no RL) | {warm['heldout']:.3f} | |" + " | |" * (len(cols) - 1))
+    for row in table["rows"].values():
+        cells = []
+        for key, _, dg in cols:
+            c = row.get("selection", {}).get(key)
+            cells += [_cell(c["mean"], dg) if c else "–", _diff_cell(c["vs_grpo"], dg) if c else "–"]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _beside_paper(table: dict) -> list[str]:
+    lines = ["| method | ours: avg | ours: relative to GRPO | paper 3B: avg | paper 3B: relative | "
+             "paper 7B: avg | paper 7B: relative |", "|---|---|---|---|---|---|---|"]
+    p3, p7 = "Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct-1M"
+    for row in table["rows"].values():
+        m = row["method"]
+        d = (row.get("vs_grpo") or {}).get("avg")
+        r3 = "" if m == "grpo" else f"{paper_rel(p3, m):+.1%}"
+        r7 = "" if m == "grpo" else f"{paper_rel(p7, m):+.1%}"
+        lines.append(f"| {row['label']} | {_cell(row['accuracy']['avg'])} | {_rel_cell(d)} | "
+                     f"{PAPER_KK[p3][m][-1]:.2f} | {r3} | {PAPER_KK[p7][m][-1]:.2f} | {r7} |")
+    return lines
+
+
+def _paper_table() -> list[str]:
+    lines = ["| model, method | 3 | 4 | 5 | 6 | 7 | avg | relative to GRPO |", "|---|---|---|---|---|---|---|---|"]
+    labels = {"base": "base", "grpo": "GRPO", "ar": "GRPO+AR (α=0.2)", "lopti": "GRPO+Lopti (η=0.4)",
+              "ar_lopti": "GRPO+AR+Lopti (α=0.3, η=0.5)"}
+    for model, rows in PAPER_KK.items():
+        for k, row in rows.items():
+            rel = "" if k in ("base", "grpo") else f"{paper_rel(model, k):+.1%}"
+            lines.append(f"| {model.split('-Instruct')[0]} {labels[k]} | " + " | ".join(f"{x:.2f}" for x in row)
+                         + f" | {rel} |")
+    return lines
+
+
+def _hand_block(path: Path) -> str:
+    default = ("\n_Interpretation, caveats and what to try next: written by hand, kept by "
+               "`python -m lopti_minimal.study` when it regenerates this file._\n")
+    if path.exists():
+        text = path.read_text()
+        if HAND_BEGIN in text and HAND_END in text:
+            return text.split(HAND_BEGIN, 1)[1].split(HAND_END, 1)[0]
+    return default
+
+
+def format_hours(s: float) -> str:
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
+
+
+PROTOCOL = [
+    "- Every method starts from the same warm start (its SHA-256 is given per preset) with the same "
+    "seeds; a seed fixes the prompts of every step and the sampler's random stream, so runs with the "
+    "same seed are paired (common random numbers).",
+    "- **Equal budget**: the same RL steps x prompts per step x G sampled responses for every method. "
+    "Lopti's second stage is a second optimizer pass over the *same* responses: counted as extra "
+    "update compute (2 passes per batch instead of 1, see the cost table), not as extra samples.",
+    "- Methods at the paper's K&K settings: AR alone α=0.2, Lopti alone η=0.4, AR+Lopti α=0.3, η=0.5. "
+    "AR with α=0 is GRPO exactly, so the α=0 point of the sweep is the GRPO row.",
+    "- Accuracy: share of the official test puzzles whose **greedy** response scores 3, from one "
+    "evaluation at the end of each run (the paper averages its last three evaluations).",
+    "- Each table uses only the seeds that all its rows have (said above it), so every row averages the "
+    "same seeds. Cells: mean ± half-width of the 95% Student-t interval over seeds (n-1 degrees of "
+    "freedom). Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; `*` marks an "
+    "interval that excludes 0. Relative = Δ / GRPO mean (its interval treats the GRPO mean as fixed). "
+    "No correction for multiple comparisons.",
+]
+
+
+def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
+    """docs/RESULTS.md (or ``path``) from the aggregated results; figures into
+    ``figures_dir``, linked relative to the report. The hand-written block is kept."""
+    path, figures_dir = Path(path), Path(figures_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hand = _hand_block(path)
+    rel = lambda p: os.path.relpath(p, path.parent).replace(os.sep, "/")   # noqa: E731
+    L = ["# Results: GRPO vs AR vs Lopti on Knights and Knaves, at small scale", "",
+         f"_Generated by `python -m lopti_minimal.study` on {res['generated']} from the runs in "
+         f"`{res['out']}`; regenerate with `python -m lopti_minimal.study --report-only`. "
+         "Every number below is computed from those runs, except the paper's (from Yang et al. "
+         "2025, arXiv 2505.12929, the K&K results table). Only the Discussion is written by hand._", "",
+         "## Protocol", "", *PROTOCOL, ""]
+    if not res["presets"]:
+        L += ["## Status", "", "No finished runs yet. Run `python -m lopti_minimal.study` "
+              "(`--help` for the options, `--dry-run` for the plan and a time estimate).", ""]
+    for preset, pr in res["presets"].items():
+        b, sizes = pr["budget"], pr["sizes"]
+        L += [f"## Preset `{preset}`", "",
+              f"Model `{pr['model']}` (warm start {pr['fingerprint'] or 'not recorded'}). Budget per run, the "
+              f"same for every method: {b['steps']} RL steps x {b['prompts_per_step']} prompts x G={b['group_size']} "
+              f"= **{b['responses_per_run']} sampled responses**; {b['optimizer_steps_per_stage']} optimizer "
+              f"step(s) per update pass (mini-batch {b['mini_batch_size']}); lr {b['lr']:g}, T {b['temperature']}, "
+              f"RL puzzles of {', '.join(map(str, b['rl_sizes']))} people, responses up to {b['max_new_tokens']} "
+              f"tokens. Evaluation: {b['eval_per_size']} official puzzles per size, sizes "
+              f"{', '.join(map(str, sizes))}.", ""]
+        if pr["excluded"]:
+            L += ["Left out (config differs from the other runs of this preset): " +
+                  "; ".join(f"`{e['dir']}` ({', '.join(e['differs_in'])})" for e in pr["excluded"]), ""]
+        main_names = set(pr["grids"].get("main", {}).get("rows", {}))
+        for grid, table in pr["grids"].items():
+            if grid != "main" and set(table["rows"]) <= main_names | {GRPO.name}:
+                continue            # a sweep with no run of its own repeats the main table
+            rows = list(table["rows"].values())
+            L += [f"### {GRID_TITLES[grid]}", "", f"Seeds {_seed_text(table['seeds'])} "
+                  f"(n = {len(table['seeds'])} per row)." + (" The first row is the starting policy, evaluated once "
+                  "in the same way (`warm-start-eval.json`)." if grid == "main" and pr.get("warm_start") else ""),
+                  ""] + _variant_table(table, sizes, pr.get("warm_start") if grid == "main" else None) + [""]
+            dt = _diff_table(table, sizes)
+            if dt:
+                L += ["Difference from GRPO per size (paired by seed, 95% CI):", ""] + dt + [""]
+            if grid == "main":
+                comp = [r for r in rows if r["method"] != "grpo"]
+                L += ["Against GRPO, on the average over sizes:", ""] + [statement(r) for r in comp] + [""]
+                s = summary(comp)
+                L += [s, ""] if s else []
+            L += ["Format errors (share of greedy responses without a well-formed answer block; the "
+                  "others are right or wrong answers), the share of responses cut at the response budget, "
+                  "and the mean response length in tokens; means over sizes, same seeds:", ""]
+            L += _format_table(table, pr.get("warm_start") if grid == "main" else None) + [""]
+            st = _selection_table(table, pr.get("warm_start") if grid in ("main", "control") else None)
+            if st:
+                L += ["What RL selects, and accuracy on the held-out set (400 three-person puzzles outside "
+                      "the official, RL and warm-start sets: `data/heldout3.jsonl`, greedy): steps until "
+                      f"derivations are at least {SELECT_AT:.0%} of a step's samples (never = steps + 1), the "
+                      "area under the share-of-derivations curve (mean share per step), and the share of "
+                      "samples cut at the response cap during training; mean ± 95% t half-width over seeds, "
+                      "and the paired difference from GRPO:", ""] + st + [""]
+            if grid == "main":
+                L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
+                L += _beside_paper(table) + [""]
+            if plots:
+                figures_dir.mkdir(parents=True, exist_ok=True)
+                fc = plot_curves(table, figures_dir / f"study-{preset}-{grid}-curves.png",
+                                 f"{preset}: {GRID_TITLES[grid]}", res["window"])
+                L += [f"![learning curves, {grid}]({rel(fc)})", ""]
+                if grid == "main":
+                    fs = plot_sizes(table, sizes, figures_dir / f"study-{preset}-main-sizes.png",
+                                    f"{preset}: final greedy accuracy, mean and 95% t interval")
+                    L += [f"![accuracy per size]({rel(fs)})", ""]
+        L += ["### Cost per method (means over all finished runs)", "",
+              "| method | runs | update passes per batch | sampled responses per run | s per RL step "
+              "| of which sampling | of which update | final evaluation s | run wall time |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for v in pr["variants"].values():
+            t = v["timing"]
+            L.append(f"| {v['label']} | {v['n']} | {v['update_passes']} | {b['responses_per_run']} | "
+                     f"{t['step_s']:.1f} | {t['sample_s']:.1f} | {t['update_s']:.1f} | {t['eval_s']:.0f} | "
+                     f"{format_hours(t['run_wall_s'])} |")
+        L += ["", f"Compute of this preset: {pr['n_runs']} finished runs, {format_hours(pr['compute_s'])} of run "
+              "wall time in total.", ""]
+    L += ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per "
+          "method, 4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the "
+          "last three evaluations):", ""] + _paper_table() + [""]
+    inv = res["invocations"]
+    L += ["## Time and machine", ""]
+    if inv:
+        L.append(f"- Study wall time: {format_hours(sum(i['wall_s'] for i in inv))} over {len(inv)} invocation(s) "
+                 f"of `python -m lopti_minimal.study`, from {inv[0]['start']} to {inv[-1]['end']}.")
+        for m in sorted({json.dumps(i["machine"], sort_keys=True) for i in inv if i.get("machine")}):
+            m = json.loads(m)
+            L.append(f"- Machine: {m['cpu']}, {m['cores']} cores" + (f", GPU {m['gpu']}" if m.get("gpu") else "")
+                     + f"; Python {m['python']}, torch {m['torch']}.")
+        cmds = dict.fromkeys(" ".join(["python -m lopti_minimal.study", *(i.get("argv") or [])]) for i in inv)
+        L.append("- Commands: " + "; ".join(f"`{c}`" for c in cmds))
+        par = sorted({(i.get("jobs"), i.get("threads") or 0) for i in inv})
+        L.append("- Parallelism (runs at once, torch threads per run; 0 = torch's default): "
+                 + ", ".join(f"({j}, {t})" for j, t in par))
+    else:
+        L.append("- No study invocation recorded yet.")
+    if res["unfinished"]:
+        L.append(f"- Unfinished runs (the same command resumes them): {len(res['unfinished'])}.")
+    L += ["", "## Discussion", "", HAND_BEGIN + hand + HAND_END, ""]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(L))
+    os.replace(tmp, path)
+    return str(path)
+

@@ -1,0 +1,656 @@
+"""The study: GRPO vs GRPO+AR vs GRPO+Lopti vs GRPO+AR+Lopti, several seeds, equal budgets,
+confidence intervals, and the report docs/RESULTS.md.
+
+    python -m lopti_minimal.study                          # main grid: 4 methods x 5 seeds, cpu-tiny
+    python -m lopti_minimal.study --grid all               # + REINFORCE++ arms, alpha, eta, order sweeps (3 seeds)
+    python -m lopti_minimal.study --dry-run                # the plan, what is done, a time estimate
+    python -m lopti_minimal.study --report-only            # aggregate finished runs, rewrite the report
+    python -m lopti_minimal.study --preset smollm2-cpu --seeds 3 --only grpo,ar_lopti
+
+The paper (Yang et al. 2025, arXiv 2505.12929) reports one run per method on K&K. One
+independent re-implementation found no gain from AR on K&K. At our scale (a
+3.4M-parameter model, a few dozen RL steps) seed-to-seed noise is large, so one run per
+method could not tell a method effect from seed noise. This module is the protocol that lets the
+result be whatever it is, stated with its uncertainty. The design choices, each with its
+reason:
+
+1. One run = one ordinary trainer run (trainer.train) in its own directory with a
+   deterministic name, OUT/<preset>/<variant>-s<seed>. A run whose eval_final.json exists
+   is finished and skipped; a run with a run.json but no final evaluation is resumed from
+   its latest checkpoint (the trainer's exact resume); anything else starts fresh. An
+   interrupted study (Ctrl-C, kill, a reboot, a crash) therefore loses at most the steps
+   since the last checkpoint of the runs that were in flight; on Ctrl-C or kill (SIGTERM)
+   the queued runs are dropped, not started, and the invocation is still logged. Before
+   a run is skipped or resumed its saved config is compared with the one the command
+   line asks for, field by field; a mismatch (say, --steps changed) is an error, never a
+   silent mix of budgets.
+   A failing run is logged (RUN_DIR/study_error.txt) and the study goes on with the others.
+
+2. Same warm start, same seeds. Every run of a preset starts from cfg.model, and
+   OUT/study.json stores the SHA-256 of its weights the first time: if the warm start
+   changes under a study (someone retrains checkpoints/tiny-warm), the next invocation
+   stops with an error instead of mixing two warm starts. Seed s is the same for every
+   method, and in the trainer a seed fixes the prompts of every step and the sampler's
+   random stream (trainer.step_prompt_indices, trainer.step_generator): the methods see
+   the same puzzles in the same order, and their first rollouts are identical. This is
+   "common random numbers", and it is why the comparison with GRPO is *paired by seed*:
+   the difference of two runs with the same seed has less noise than the difference of
+   two independent means.
+
+3. Equal budgets. Every method of a preset gets the same number of RL steps x prompts per
+   step x G responses per prompt, so the same number of *sampled responses* (the
+   expensive part, and the quantity that limits data). Lopti's second stage makes a second
+   optimizer pass over the *same* responses (paper Algorithm 1): we count it as extra
+   update compute, not as extra samples (the paper's runs likewise give every method the
+   same steps over the same data, per the reference's K&K launch scripts; reviewers noted
+   the doubled update cost).
+   The report shows, per method, the optimizer passes per
+   batch (1 or 2), and the measured mean seconds per RL step, for sampling and for the
+   update, from each run's metrics.jsonl, so the compute cost of Lopti is visible.
+   All other hyperparameters are those of the preset for every method, and the
+   aggregation checks it: a run whose config differs from the others of its preset in
+   anything but method, alpha, eta, order and seed is left out of the tables and named.
+
+4. The methods use the paper's per-method K&K settings (the reference's launch scripts):
+   AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti alpha 0.3 and eta 0.5 -- the settings
+   behind the paper's table that the report puts beside ours. The sweeps (fewer seeds, --sweep-seeds) vary
+   one knob: alpha in {0, 0.1, 0.2, 0.3, 0.5} for AR alone, eta in {0.3, 0.4, 0.5, 0.7} for
+   Lopti alone, and Lopti's order (low-first, the paper's, vs high-first, which the paper
+   reports to collapse; it needs TrainConfig.lopti_order, and is skipped with a message
+   if the trainer lacks that field). A variant that is the same computation as another shares its
+   runs: AR with alpha = 0 *is* GRPO bit for bit (reweight.py), so alpha = 0 is the GRPO
+   run; the eta = 0.4 and the low-first points are the main grid's Lopti runs. Runs are
+   ordered seed-major (all methods of seed 0, then seed 1, ...), main grid first, so a
+   study stopped early still has complete, paired seeds.
+
+5. Statistics. Accuracy is the share of official test puzzles (3..7 people, 100 each)
+   whose greedy response scores 3, per size and averaged over sizes (the paper's "avg"),
+   from the final evaluation of each run (the paper averages its last three evaluations;
+   we evaluate once at the end, to save time). Each table of the report (one per grid) is
+   balanced: it uses only the seeds that all its rows have, so a half-finished study
+   never compares a 5-seed mean with a 2-seed one. Per row: mean over seeds and a 95%
+   confidence interval from Student's t with n-1 degrees of freedom, mean +- t * s /
+   sqrt(n) (s the sample standard deviation). Against GRPO: the per-seed differences,
+   their mean and t interval (a paired t interval), and the relative
+   change = mean difference / GRPO mean (the paper's "+46.2%" is .57 / .39 - 1, the same
+   ratio). The relative interval divides the paired interval by the GRPO mean, treating
+   that mean as fixed (an approximation, said in the report). scipy is not a dependency, so
+   the t quantiles come from a table (n <= 31) and an asymptotic expansion beyond it.
+
+6. The report states only what is computed: for each method whether the paired 95% CI of
+   its difference from GRPO excludes 0, the point estimate beside the paper's, and no
+   correction for the three comparisons (it says so). The paragraph of interpretation is
+   the author's: the block between the HAND-WRITTEN markers in docs/RESULTS.md survives
+   every regeneration.
+
+7. Parallel runs. --jobs J runs J trainer runs at once in separate processes, each with
+   threads = cores / J. A 3.4M-parameter model uses two cores poorly, so two one-thread
+   runs may finish a study sooner than one two-thread run at a time; it changes nothing
+   in the results except floating-point summation order. Wall times are recorded per run
+   (RUN_DIR/study_time.json) and per invocation (OUT/study_log.jsonl), with the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import runs, trainer
+from ..cli import HelpFormatter
+from ..trainer import ROOT, TrainError
+from ..task.evaluate import evaluate_records
+from ..task.evaluate import write_report as write_eval_report
+from ..task.kk import load_jsonl
+from .grid import (GRIDS, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, StudyError, Variant, config_diff,
+                   warm_start_eval_path)
+from .report import aggregate, find_runs, format_hours, read_run, write_report
+
+DEFAULT_OUT = "runs/study"
+DEFAULT_REPORT = "docs/RESULTS.md"
+DEFAULT_FIGURES = "docs/figures"
+DEFAULT_HELDOUT = "data/heldout3.jsonl"
+
+
+# =======================================================================================
+# 2. The plan: which runs, with which configs
+# =======================================================================================
+
+@dataclass(frozen=True)
+class RunSpec:
+    preset: str
+    variant: Variant
+    seed: int
+    grid: str                          # the first grid that asked for it
+
+    def run_dir(self, out) -> Path:
+        return Path(out) / self.preset / f"{self.variant.name}-s{self.seed}"
+
+
+def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> list[RunSpec]:
+    """Deduplicated runs, main grid first, seed-major inside a grid (see docstring §4).
+    ``only``: keep these methods (or variant names) only."""
+    names = list(GRIDS) if "all" in grids else list(grids)
+    for g in names:
+        if g not in GRIDS:
+            raise StudyError(f"unknown grid {g!r}: choose from {', '.join(GRIDS)}, all")
+    names.sort(key=list(GRIDS).index)
+    out, seen = [], set()
+
+    def add(g, v, seed):
+        if only and v.method not in only and v.name not in only:
+            return
+        if (v, seed) not in seen:
+            seen.add((v, seed))
+            out.append(RunSpec(preset, v, seed, g))
+
+    # The main grid and its control share the seeds and run seed-major together, so a study
+    # stopped early has complete, paired seeds for both; the sweeps follow.
+    first = [g for g in names if g in ("main", "control")]
+    for seed in range(seeds):
+        for g in first:
+            for v in GRIDS[g]:
+                add(g, v, seed)
+    for g in names:
+        if g not in first:
+            for seed in range(sweep_seeds):
+                for v in GRIDS[g]:
+                    add(g, v, seed)
+    return out
+
+
+def run_config(spec: RunSpec, out, overrides: dict | None = None, threads: int | None = None):
+    """The TrainConfig of one run: the preset, the study-wide overrides, the variant, the
+    seed, and the study's fixed choices (final evaluation on, no tqdm bars inside runs)."""
+    values = dict(overrides or {})
+    values.update(spec.variant.overrides(), seed=spec.seed, run_dir=str(spec.run_dir(out)),
+                  final_eval=True, progress=False, threads=threads)
+    return trainer.make_config(spec.preset, **values)
+
+
+def run_status(run_dir) -> str:
+    """"done" (final evaluation written), "resume" (one of our runs, unfinished) or "new"."""
+    run_dir = Path(run_dir)
+    if runs.is_run_dir(run_dir):
+        return "done" if (run_dir / "eval_final.json").exists() else "resume"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise StudyError(f"{run_dir} exists but is not a lopti-minimal run: move it away")
+    return "new"
+
+
+def check_existing(run_dir, cfg) -> None:
+    """A run to skip or resume must have been made with the config we would use now."""
+    saved = json.loads((Path(run_dir) / "run.json").read_text())["config"]
+    diff = config_diff(saved, cfg)
+    if diff:
+        raise StudyError(f"{run_dir} was made with a different config ({', '.join(diff)}): "
+                         "use another --out, or the options it was made with")
+
+
+def model_fingerprint(model: str) -> str:
+    """SHA-256 of a local model's weights and tokenizer (a folder or a file); for a hub id,
+    the id itself (it cannot be hashed without downloading it)."""
+    p = Path(model)
+    if not p.is_absolute() and not p.exists() and (ROOT / model).exists():
+        p = ROOT / model
+    if not p.exists():
+        return f"id:{model}"
+    files = [p] if p.is_file() else sorted(
+        f for f in p.iterdir() if f.is_file() and (f.suffix in (".safetensors", ".bin", ".gguf")
+                                                  or f.name in ("config.json", "tokenizer.json")))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def check_warm_start(out, preset: str, model: str) -> str:
+    """Record the warm start of a preset in OUT/study.json, or check it is unchanged."""
+    path = Path(out) / "study.json"
+    state = json.loads(path.read_text()) if path.exists() else {"created": _now(), "presets": {}}
+    fp = model_fingerprint(model)
+    first = model.split("/")[0]
+    if fp.startswith("id:") and (model.startswith((".", "/", "~")) or model.count("/") != 1
+                                 or first in ("checkpoints", "models") or (ROOT / first).is_dir()):
+        raise StudyError(f"warm start {model} not found: for the tiny model run `python train.py "
+                         "--rebuild-warmstart`, for SmolLM2 `python scripts/fetch_smollm2.py`, or pass --model")
+    known = state["presets"].get(preset)
+    if known and (known["model"], known["fingerprint"]) != (model, fp):
+        raise StudyError(f"the warm start of preset {preset} changed since this study began "
+                         f"({known['model']} {known['fingerprint'][:19]} -> {model} {fp[:19]}): "
+                         "use another --out")
+    if not known:
+        state["presets"][preset] = {"model": model, "fingerprint": fp, "recorded": _now()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(path, state)
+    return fp
+
+
+def evaluate_warm_start(out, cfg, echo=print, heldout: str | None = None) -> Path:
+    """The reference row "warm start (no RL)": the starting policy of a preset, evaluated
+    once, greedy, with exactly the final evaluation of the runs (cfg: any run config of
+    the preset). RL at small scale can lower accuracy; the Δ vs GRPO columns cannot show
+    that, this row does. Skipped when its file exists (greedy decoding is deterministic)."""
+    path = warm_start_eval_path(out, cfg.preset)
+    hpath = path.with_name("warm-start-heldout.json")
+    if heldout and not hpath.exists():
+        echo(f"[study] evaluating the warm start {cfg.model} on {heldout} -> {hpath}")
+        _write_heldout(cfg, heldout, hpath)
+    if path.exists():
+        return path
+    echo(f"[study] evaluating the warm start {cfg.model} ({cfg.preset}) -> {path}")
+    t0 = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = trainer.load_policy(cfg)
+    report = trainer.evaluate_policy(model, tok, cfg, progress=False)
+    report.update(model=cfg.model, threads=cfg.threads, wall_s=round(time.perf_counter() - t0, 1))
+    write_eval_report(report, path)
+    return path
+
+
+# =======================================================================================
+# 3. Running: skip, resume, or start; one process or several
+# =======================================================================================
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def machine_info() -> dict:
+    import torch
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform()}
+
+
+def _file_log(path: Path):
+    """A trainer log that appends to RUN_DIR/train.log. It opens the file per line, so it
+    never creates the run directory itself (the trainer refuses a non-empty new one)."""
+    def log(s: str) -> None:
+        if path.parent.exists():
+            with open(path, "a") as f:
+                f.write(s + "\n")
+    return log
+
+
+
+
+def evaluate_heldout(run_dir, cfg, heldout) -> Path:
+    """Greedy accuracy of a finished run's final policy on a held-out K&K file (default
+    data/heldout3.jsonl: 400 three-person puzzles outside the official sets, the RL set and
+    the warm start's stream; the official 3-person set has only 100, so its accuracy has a
+    standard error of ~0.05). Same numerics and budget as the final evaluation."""
+    run_dir = Path(run_dir)
+    return _write_heldout(cfg, heldout, run_dir / HELDOUT_FILE, source=str(run_dir / "final"))
+
+
+def _write_heldout(cfg, heldout, path: Path, source: str | None = None) -> Path:
+    """Evaluate the policy at ``source`` (default cfg.model) on the K&K file ``heldout``."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = trainer.load_policy(cfg, source=source)
+    report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
+                              batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
+                              autocast_bf16=cfg.autocast_bf16, progress=False)
+    report.update(model=source or cfg.model, data=str(heldout))
+    write_eval_report(report, path)
+    return path
+
+
+def execute(cfg, status: str, train_fn=None, heldout: str | None = None) -> dict:
+    """One run: start it, or resume it after its latest checkpoint, then (``heldout``) its
+    held-out evaluation; status "heldout" runs that evaluation only. Never raises except on
+    KeyboardInterrupt; a failure is returned and written to RUN_DIR/study_error.txt."""
+    train_fn = train_fn or trainer.train
+    run_dir = Path(cfg.run_dir)
+    log = _file_log(run_dir / "train.log")
+    t0, start = time.perf_counter(), _now()
+    ok, err = False, None
+    try:
+        if status == "resume":
+            rcfg = trainer.resume_config(run_dir, progress=False)
+            rcfg.threads = cfg.threads
+            train_fn(rcfg, resume=True, log=log)
+        elif status == "new":
+            train_fn(cfg, resume=False, log=log)
+        if heldout and not (run_dir / HELDOUT_FILE).exists():
+            evaluate_heldout(run_dir, cfg, heldout)
+        ok = True
+    except KeyboardInterrupt:
+        err = "interrupted"
+        raise
+    except Exception as e:                       # noqa: BLE001 -- a study outlives one bad run
+        err = f"{type(e).__name__}: {e}"
+        # Inside the run only if it is one of our runs: a stray file in a directory
+        # without run.json would make the trainer refuse to start it next time.
+        if runs.is_run_dir(run_dir):
+            (run_dir / "study_error.txt").write_text(traceback.format_exc())
+        else:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            (run_dir.parent / f"{run_dir.name}.study_error.txt").write_text(traceback.format_exc())
+    finally:
+        wall = time.perf_counter() - t0
+        if runs.is_run_dir(run_dir):
+            tpath = run_dir / "study_time.json"
+            rec = json.loads(tpath.read_text()) if tpath.exists() else {"wall_s": 0.0, "sessions": []}
+            rec["wall_s"] = round(rec["wall_s"] + wall, 1)
+            rec["sessions"].append({"start": start, "wall_s": round(wall, 1), "status": status,
+                                    "ok": ok, "error": err, "threads": cfg.threads})
+            _write_json(tpath, rec)
+    return {"run_dir": str(run_dir), "ok": ok, "error": err, "wall_s": wall}
+
+
+def _quiet_transformers() -> None:
+    """No "Writing model shards" bars from save_pretrained under the study's own bar."""
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
+    except Exception:                           # noqa: BLE001 -- cosmetic only
+        pass
+
+
+def _execute_in_worker(cfg_json: dict, status: str, train_fn, heldout) -> dict:
+    """Process-pool entry point (module level, so it pickles)."""
+    _quiet_transformers()
+    return execute(trainer.config_from_json(cfg_json), status, train_fn, heldout)
+
+
+def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train_fn=None, jobs: int = 1,
+              threads: int | None = None, progress: bool = True, echo=print, argv=None,
+              eval_warm_start: bool = False, heldout: str | None = None) -> dict:
+    """Run every spec that is not finished. Returns {"done", "skipped", "failed", "wall_s"}.
+    train_fn(cfg, resume=..., log=...) defaults to trainer.train (tests inject a fake).
+    eval_warm_start: first evaluate each preset's warm start (`evaluate_warm_start`; the
+    command line does, tests of the orchestration with fake models do not).
+    heldout: a K&K file every finished run is also evaluated on (`evaluate_heldout`); a
+    finished run without that evaluation gets it (status "heldout")."""
+    out = Path(out)
+    jobs = max(1, int(jobs))
+    if threads is None and jobs > 1:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+    t0, start = time.perf_counter(), _now()
+    todo, skipped, checked = [], [], set()
+    for spec in specs:                    # all checks first: refuse before anything runs
+        cfg = run_config(spec, out, overrides, threads)
+        if (spec.preset, cfg.model) not in checked:
+            check_warm_start(out, spec.preset, cfg.model)
+            checked.add((spec.preset, cfg.model))
+        status = run_status(cfg.run_dir)
+        if status != "new":
+            check_existing(cfg.run_dir, cfg)
+        if status == "done" and heldout and not (Path(cfg.run_dir) / HELDOUT_FILE).exists():
+            status = "heldout"
+        (skipped if status == "done" else todo).append((spec, cfg, status))
+    if eval_warm_start:
+        for preset in dict.fromkeys(spec.preset for spec, _, _ in todo + skipped):
+            cfg = next(c for sp, c, _ in todo + skipped if sp.preset == preset)
+            evaluate_warm_start(out, cfg, echo, heldout)
+    echo(f"[study] {len(specs)} runs: {len(skipped)} finished (skipped), "
+         f"{sum(s == 'resume' for _, _, s in todo)} to resume, {sum(s == 'new' for _, _, s in todo)} to start"
+         f" | jobs {jobs}, threads per run {threads or 'default'} | {out}")
+    results = []
+    bar = tqdm(total=len(todo), desc="study runs", unit="run", disable=not progress, file=sys.stderr)
+    try:
+        if jobs == 1:
+            for spec, cfg, status in todo:
+                bar.set_postfix_str(f"{spec.preset}/{spec.variant.name}-s{spec.seed} ({status})")
+                r = execute(cfg, status, train_fn, heldout)
+                results.append(r)
+                if not r["ok"]:
+                    echo(f"[study] FAILED {r['run_dir']}: {r['error']}")
+                bar.update(1)
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+                futs = [pool.submit(_execute_in_worker, trainer.config_to_json(cfg), status, train_fn, heldout)
+                        for _, cfg, status in todo]
+                try:
+                    for f in as_completed(futs):
+                        r = f.result()
+                        results.append(r)
+                        if not r["ok"]:
+                            echo(f"[study] FAILED {r['run_dir']}: {r['error']}")
+                        bar.set_postfix_str(Path(r["run_dir"]).name)
+                        bar.update(1)
+                except KeyboardInterrupt:
+                    # Leaving the `with` would run every queued run first: drop the ones not
+                    # started. Runs in flight stop with the interrupt when it reaches their
+                    # process too (Ctrl-C in a terminal does) and resume next time.
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+    finally:
+        bar.close()
+        wall = time.perf_counter() - t0
+        out.mkdir(parents=True, exist_ok=True)
+        runs.append_jsonl(out / "study_log.jsonl", {
+            "start": start, "end": _now(), "wall_s": round(wall, 1), "argv": argv,
+            "jobs": jobs, "threads": threads, "planned": len(specs), "skipped": len(skipped),
+            "ran": len(results), "failed": sum(not r["ok"] for r in results), "machine": machine_info()})
+    failed = [r for r in results if not r["ok"]]
+    return {"done": [r["run_dir"] for r in results if r["ok"]], "skipped": [str(c.run_dir) for _, c, _ in skipped],
+            "failed": failed, "wall_s": wall}
+
+
+# =======================================================================================
+# 8. Time estimate and command line
+# =======================================================================================
+
+def estimate(todo: list[tuple[RunSpec, object, str]], out, step_seconds=None, eval_seconds=None,
+             jobs: int = 1) -> str:
+    """Rough time to finish ``todo``: per variant (else per method), the mean wall time of
+    its finished runs (resumed runs pro rata); else steps x --step-seconds (x 1.15 per
+    extra update pass) + --eval-seconds. With jobs > 1 the sum is divided by jobs: right
+    when the finished runs' wall times were measured with as many runs at once."""
+    done, _ = find_runs(out)
+    by_name: dict[tuple, list[float]] = {}
+    by_method: dict[tuple, list[float]] = {}
+    for d in done:
+        r = read_run(d)
+        by_name.setdefault((r["preset"], r["variant"].name), []).append(r["wall_s"])
+        by_method.setdefault((r["preset"], r["variant"].method), []).append(r["wall_s"])
+    total, unknown = 0.0, 0
+    for spec, cfg, status in todo:
+        passes = (2 if spec.variant.method in ("lopti", "ar_lopti") else 1) * spec.variant.passes
+        known = by_name.get((spec.preset, spec.variant.name)) or by_method.get((spec.preset, spec.variant.method)) \
+            or [w for (p, _), ws in by_method.items() if p == spec.preset for w in ws]
+        if known:
+            est = float(np.mean(known))
+        elif step_seconds:
+            est = cfg.steps * step_seconds * 1.15 ** (passes - 1) + (eval_seconds or 0.0)
+        else:
+            unknown += 1
+            continue
+        if status == "resume":
+            ck = runs.checkpoints(cfg.run_dir)
+            est *= 1 - (ck[-1][0] / cfg.steps if ck else 0.0)
+        total += est
+    if unknown == len(todo) and todo:
+        return "no estimate yet (finish one run, or pass --step-seconds S [--eval-seconds E])"
+    s = f"about {format_hours(total)} for {len(todo) - unknown} run(s) at one run at a time"
+    if jobs > 1:
+        s += f" (about {format_hours(total / jobs)} with --jobs {jobs})"
+    return s + (f", {unknown} without an estimate" if unknown else "")
+
+
+def parse_set(items) -> dict:
+    """--set KEY=VALUE: VALUE is JSON if it parses (numbers, lists), else a string."""
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise StudyError(f"--set {it!r}: expected KEY=VALUE")
+        k, v = it.split("=", 1)
+        k = k.strip().replace("-", "_")
+        try:
+            v = json.loads(v)
+        except ValueError:
+            pass
+        out[k] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def build_overrides(a) -> dict:
+    o = {"steps": a.steps, "prompts_per_step": a.prompts_per_step, "group_size": a.group_size, "lr": a.lr,
+         "max_new_tokens": a.max_new_tokens, "model": a.model, "eval_per_size": a.eval_per_size,
+         "save_every": a.save_every,
+         "eval_sizes": tuple(int(s) for s in a.eval_sizes.split(",")) if a.eval_sizes else None}
+    o = {k: v for k, v in o.items() if v is not None}
+    o.update(parse_set(a.set))
+    bad = (VARIANT_FIELDS | RUNTIME_FIELDS | {"final_eval"}) & set(o)
+    if bad:
+        raise StudyError(f"--set cannot change {', '.join(sorted(bad))}: the study sets these per run")
+    return o
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="python -m lopti_minimal.study",
+        description="GRPO / AR / Lopti / AR+Lopti from one warm start, equal budgets, several seeds; "
+                    "writes docs/RESULTS.md.", formatter_class=HelpFormatter)
+    ap.add_argument("--grid", nargs="+", default=["main", "control"], help=f"grids: {', '.join(GRIDS)}, all")
+    ap.add_argument("--heldout", default=DEFAULT_HELDOUT,
+                    help="K&K file every run's final policy is also evaluated on ('' for none)")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of the main grid")
+    ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds 0..N-1 of the sweeps")
+    ap.add_argument("--only", help="comma-separated methods or variant names to keep (e.g. grpo,ar_lopti)")
+    ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(trainer.PRESETS)}")
+    ap.add_argument("--steps", type=int, help="RL steps of every run (preset default otherwise)")
+    ap.add_argument("--prompts-per-step", type=int)
+    ap.add_argument("--group-size", type=int)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--max-new-tokens", type=int)
+    ap.add_argument("--model", help="warm start (default: the preset's)")
+    ap.add_argument("--eval-sizes", help="comma-separated official sizes to evaluate (default: the preset's)")
+    ap.add_argument("--eval-per-size", type=int)
+    ap.add_argument("--save-every", type=int, help="checkpoint every N steps (what a crash can lose)")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="any other TrainConfig field, for all runs")
+    ap.add_argument("--out", default=DEFAULT_OUT, help="study folder: OUT/<preset>/<variant>-s<seed>/")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
+    ap.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
+    ap.add_argument("--report", default=DEFAULT_REPORT, help="markdown report to (re)write")
+    ap.add_argument("--figures", default=DEFAULT_FIGURES, help="folder for the report's figures")
+    ap.add_argument("--window", type=int, default=5, help="moving-average window of the learning curves")
+    ap.add_argument("--report-only", action="store_true", help="no training: aggregate and rewrite the report")
+    ap.add_argument("--no-report", action="store_true", help="train only")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and a time estimate, run nothing")
+    ap.add_argument("--step-seconds", type=float, help="for --dry-run before any run finished: s per RL step")
+    ap.add_argument("--eval-seconds", type=float, help="for --dry-run: s per final evaluation")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap.parse_args(argv)
+
+
+def _abs(p: str) -> Path:
+    return Path(p) if os.path.isabs(p) else ROOT / p
+
+
+def _interrupt_on_sigterm(signum, frame):
+    raise KeyboardInterrupt     # a `kill` stops the study like Ctrl-C: invocation logged, nothing queued starts
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    _quiet_transformers()
+    out = _abs(a.out)
+    try:
+        if not a.report_only:
+            overrides = build_overrides(a)
+            only = set(a.only.split(",")) if a.only else None
+            specs = plan_runs(a.grid, a.seeds, a.sweep_seeds, a.preset, only)
+            specs, dropped = _supported(specs, out, overrides)
+            if dropped:
+                print(f"[study] skipped {len(dropped)} run(s) of variants the trainer cannot run: {dropped[0]}",
+                      file=sys.stderr)
+            if a.dry_run:
+                return _dry_run(specs, out, overrides, a)
+            r = run_study(specs, out, overrides, jobs=a.jobs, threads=a.threads, progress=not a.no_progress,
+                          argv=argv, eval_warm_start=True, heldout=a.heldout or None)
+            print(f"[study] this invocation: {format_hours(r['wall_s'])}; ran {len(r['done'])}, "
+                  f"skipped {len(r['skipped'])}, failed {len(r['failed'])}")
+        if not a.no_report:
+            res = aggregate(out, a.window)
+            out.mkdir(parents=True, exist_ok=True)
+            _write_json(out / "study_results.json", res)
+            print(f"[study] report: {write_report(res, _abs(a.report), _abs(a.figures))} "
+                  f"(aggregate: {out / 'study_results.json'})")
+    except (StudyError, TrainError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: run the same command again to resume the study", file=sys.stderr)
+        return 130
+    return 1 if not a.report_only and r["failed"] else 0
+
+
+def _supported(specs, out, overrides):
+    """Drop runs whose variant the trainer cannot express (high-first Lopti needs
+    TrainConfig.lopti_order); every other config error is raised."""
+    keep, dropped = [], []
+    for s in specs:
+        try:
+            run_config(s, out, overrides)
+            keep.append(s)
+        except TrainError as e:
+            if "lopti_order" not in str(e):
+                raise
+            dropped.append(f"{s.variant.name}-s{s.seed} ({e})")
+    return keep, dropped
+
+
+def _dry_run(specs, out, overrides, a) -> int:
+    rows = []
+    for s in specs:
+        cfg = run_config(s, out, overrides, a.threads)
+        status = run_status(cfg.run_dir)
+        if status != "new":
+            check_existing(cfg.run_dir, cfg)
+        rows.append((s, cfg, status))
+    print(f"{'grid':6} {'run':40} status")
+    for s, cfg, status in rows:
+        print(f"{s.grid:6} {s.preset + '/' + s.variant.name + '-s' + str(s.seed):40} {status}")
+    cfg0 = rows[0][1] if rows else None
+    if cfg0:
+        print(f"budget per run: {cfg0.steps} steps x {cfg0.prompts_per_step} prompts x G={cfg0.group_size} = "
+              f"{cfg0.steps * cfg0.prompts_per_step * cfg0.group_size} sampled responses (every method)")
+    todo = [r for r in rows if r[2] != "done"]
+    print(f"{len(rows)} runs, {len(todo)} to do: " + estimate(todo, out, a.step_seconds, a.eval_seconds, a.jobs))
+    return 0
+
+
+def command() -> int:
+    """`python -m lopti_minimal.study`: main(), with SIGTERM stopping the study like Ctrl-C."""
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(command())
