@@ -14,7 +14,7 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
 2. Policy. The default policy is the shipped warm-start checkpoint checkpoints/tiny-warm:
    a 3.4M-parameter Llama trained from scratch (supervised) to do one of two things for
    each puzzle -- *guess* at once (usually) or *derive* the answer step by step
-   (lopti_minimal/behaviours.py). RL needs a policy that is sometimes right -- a group
+   (lopti_minimal/task/behaviours.py). RL needs a policy that is sometimes right -- a group
    whose G rewards are equal has advantage 0 and teaches nothing -- and it needs a
    behaviour to select: RL from checkpoints/tiny-derive, which always derives, does not
    raise accuracy (docs/RL_FROM_DERIVE.md). --rebuild-warmstart re-creates it (the

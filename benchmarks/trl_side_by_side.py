@@ -28,7 +28,7 @@ after the other (TRL first, then ours; --order ours-first swaps them), and are g
   model's forward in CPU autocast, generation included, entered anew at every forward
   call; ours: autocast_bf16, one autocast region per phase) and gradient checkpointing as
   the preset says (off on cpu-tiny and smollm2-cpu);
-- the same reward: `lopti_minimal.reward.score_response(...).total`.
+- the same reward: `lopti_minimal.task.reward.score_response(...).total`.
 
 What cannot be matched exactly, and is part of what is compared:
 

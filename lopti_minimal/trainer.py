@@ -5,9 +5,9 @@ This module only *composes* the others (Yang et al. 2025, arXiv 2505.12929: GRPO
 Lopti Algorithm 1):
 
     for step in 0 .. steps-1:
-        prompts   <- the step's slice of the cached RL prompt set      (kk.py, prompts via models.kk_prompt)
+        prompts   <- the step's slice of the cached RL prompt set      (task/kk.py, prompts via models.kk_prompt)
         rollout   <- sample_groups(policy, prompts, G, T)              (sampling.py)
-        rewards   <- Logic-RL reward of every response                (reward.py)
+        rewards   <- Logic-RL reward of every response                (task/reward.py)
         A         <- group advantages, broadcast to tokens             (grpo.py)
         A_hat     <- (alpha * pi_old + 1 - alpha) * A     if AR        (reweight.py, paper Eq. 4)
         update    <- lopti_update(eta) if Lopti else grpo_update       (lopti.py Alg. 1 / grpo.py)
@@ -22,14 +22,14 @@ repeats steps k+1.. bit for bit, and its metrics file equals an uninterrupted ru
 (tests/test_trainer.py proves it). The global RNG states are saved too, for code that
 might use them (none of ours does).
 
-Run directory layout (everything a run writes):
+Run directory layout (everything a run writes; runs.py reads and writes it):
 
     RUN_DIR/run.json          marker + full config (what --resume reads back)
     RUN_DIR/metrics.jsonl     one JSON object per RL step
     RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
     RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt
     RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
-    RUN_DIR/eval_final.json   the final evaluation report (evaluate.py format)
+    RUN_DIR/eval_final.json   the final evaluation report (task/evaluate.py format)
     RUN_DIR/*.png             plots (plots.py)
 """
 from __future__ import annotations
@@ -511,49 +511,57 @@ def default_reward(text: str, record: dict) -> float:
 
 def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: list[list[int]],
             cfg: TrainConfig, step: int, reward_fn=None) -> dict:
-    """One RL step on the given prompts. Returns the step's metrics (a flat dict)."""
+    """One RL step on the given prompts. Returns the step's metrics (a flat dict).
 
+    Reads top to bottom: the lines marked "paper" are the method (Yang et al. 2025: the
+    GRPO objective, Eq. 1; AR, Eq. 4; Lopti, Algorithm 1), the lines marked "plumbing"
+    are what it takes to run it (timing, padding order, numerics, metrics)."""
+    # plumbing: defaults, device, clocks
     reward_fn = reward_fn or default_reward
     gcfg = cfg.grpo_config()
     device = next(model.parameters()).device
     G = cfg.group_size
     t0 = time.perf_counter()
 
-    # 1. Rollouts: G responses per prompt, group-major.
+    # --- paper: sample G responses per prompt from pi_old (GRPO), group-major ---
     ro = rollout(model, tokenizer, prompt_ids, cfg, step_generator(cfg.seed, step, device))
     t_sample = time.perf_counter() - t0
 
-    # 2. Rewards (Logic-RL) on the decoded text.
+    # --- paper: the rule-based reward of every response (Logic-RL, task/reward.py) ---
     texts = decode_responses(tokenizer, ro)
     recs = [r for r in records for _ in range(G)]
     rewards = torch.tensor([float(reward_fn(t, r)) for t, r in zip(texts, recs)])
 
-    # 3. Advantages: GRPO's one per response from its group, broadcast to its tokens, or
-    #    REINFORCE++'s per token, whitened over the batch (padding 0 in both).
+    # --- paper: advantages. GRPO's one per response from its group (paper section 2),
+    #     broadcast to its tokens, or REINFORCE++'s per token, whitened over the batch
+    #     (padding 0 in both) ---
     if cfg.estimator == "reinforce_pp":
         tok_adv = reinforce_pp_advantages(rewards.to(device), ro.response_mask)
     else:
         tok_adv = token_advantages(group_advantages(rewards, G, gcfg.adv_eps).to(device), ro.response_mask)
     with autocast(cfg, device):
+        # plumbing: one batch dict, sorted by length, old and reference log-probs
         batch = batch_from_rollout(ro, tok_adv)
         # Similar lengths in each micro-batch, so the forward passes skip most padding
         # (the same mini-batches, the same loss; see sort_by_length). From here on every
         # per-row tensor, the mask included, is in this order.
         batch, _ = sort_by_length(batch, gcfg)
         mask = batch["response_mask"]
-        # 3b. log pi_old by the same teacher-forced forward the update uses (verl does
+        # log pi_old by the same teacher-forced forward the update uses (verl does
         # this too): under bf16 autocast the sampler's incremental logits differ in the
         # last bits, and the first ratio must be exactly 1 (a known pitfall of GRPO
         # implementations).
         if cfg.recompute_old_logprobs:
             batch["old_logprobs"] = batch_logprobs(model, batch, gcfg)
-        # 3c. Reference log-probs once per step (both Lopti stages reuse them).
+        # Reference log-probs (the KL term of Eq. 1) once per step (both Lopti stages reuse them).
         ref_logp = batch_logprobs(ref, batch, gcfg) if cfg.kl_coef else None
-        # 4. AR (paper Eq. 4) on the token advantages, before any split.
+        # --- paper: AR, Eq. 4: A_hat = (alpha * pi_old + 1 - alpha) * A, on the token
+        #     advantages, before any split ---
         if cfg.uses_ar:
             batch["advantages"] = reweight_advantages(batch["advantages"], batch["old_logprobs"], cfg.alpha)
         t1 = time.perf_counter()
-        # 5. The update: Lopti (Algorithm 1: low-probability tokens, then high) or GRPO.
+        # --- paper: the update. Lopti, Algorithm 1 (split at pi_old < eta; update the
+        #     low-probability tokens, then the high ones), or one GRPO update (Eq. 1) ---
         if cfg.uses_lopti:
             m = lopti_update(model, ref_logp, optimizer, batch, gcfg, eta=cfg.eta, order=cfg.lopti_order)
             stages = (m["stage1"], m["stage2"])
@@ -563,7 +571,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
             low = float(split_by_probability(batch["old_logprobs"], mask, cfg.eta)[0].sum() / mask.sum().clamp_min(1))
     t_update = time.perf_counter() - t1
 
-    # 6. Metrics. KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
+    # plumbing: metrics. KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
     n_tok = float(mask.sum())
     kl = float((kl_k3(batch["old_logprobs"], ref_logp) * mask).sum() / max(n_tok, 1)) if ref_logp is not None else 0.0
     # Token shares of the stages in the order they ran (stage 1 = the high tokens if high_first).
@@ -621,7 +629,7 @@ def read_run_config(path) -> TrainConfig:
 # =======================================================================================
 
 def evaluate_policy(model, tokenizer, cfg: TrainConfig, sizes=None, per_size=None, progress=True) -> dict:
-    """Greedy accuracy on the official sets (evaluate.py), with the run's numerics."""
+    """Greedy accuracy on the official sets (task/evaluate.py), with the run's numerics."""
     sizes = tuple(sizes or cfg.eval_sizes)
     per = per_size or cfg.eval_per_size
     records = [r for n in sizes for r in kk.load_official([n])[:per]]
@@ -651,6 +659,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     Returns {"run_dir", "metrics": [...], "final_eval", "paths", "config"}.
     reward_fn(text, record) -> float: the Logic-RL total by default (tests plug in others).
     """
+    # plumbing: check everything before anything is loaded or written
     log = log or (lambda s: tqdm.write(s, file=sys.stdout))
     if resume:
         read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
@@ -666,13 +675,15 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
         raise TrainError(f"run directory {run_dir} exists and is not empty: pass --resume {run_dir} "
                          "or choose another --run-dir")
 
-    # Data first (cheap, and a bad data setting fails before any model loads).
+    # plumbing: data first (cheap, and a bad data setting fails before any model loads).
     records, data_path = rl_prompt_set(cfg, cfg.progress)
 
-    # Policy, and the frozen reference = the *initial* policy (always cfg.model, also on resume).
+    # --- paper: the policy, and pi_ref = the frozen *initial* policy (the KL term of
+    #     Eq. 1; always cfg.model, also on resume) ---
     model, tokenizer = load_policy(cfg)
     ref = frozen_copy(model, ref_dtype(cfg)) if cfg.kl_coef else None
     optimizer = make_optimizer(model, cfg)
+    # plumbing: resume from the latest checkpoint, or start the run directory
     start = 0
     if resume:
         ck = checkpoints(run_dir)
@@ -714,9 +725,11 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
                file=sys.stderr, unit="step")
     t_run = time.perf_counter()
     for step in range(start, cfg.steps):
+        # --- paper: one RL step on this step's prompts (rl_step) ---
         idx = step_prompt_indices(cfg.seed, step, cfg.prompts_per_step, len(records))
         m = rl_step(model, ref, optimizer, tokenizer, [records[i] for i in idx],
                     [prompt_ids[i] for i in idx], cfg, step, reward_fn)
+        # plumbing: log, evaluate, checkpoint
         history.append(m)
         append_jsonl(metrics_path, m)
         if writer:
@@ -735,7 +748,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     bar.close()
     rl_seconds = time.perf_counter() - t_run
 
-    # The end: a final checkpoint (resumable: extend with --resume --steps N), the final
+    # plumbing: the end: a final checkpoint (resumable: extend with --resume --steps N), the final
     # policy in HF format, the final evaluation, plots.
     paths = {"run_dir": str(run_dir), "metrics": str(metrics_path)}
     if cfg.steps > start or not (run_dir / "final").exists():

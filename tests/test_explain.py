@@ -1,4 +1,4 @@
-"""Explanations (lopti_minimal/explain.py): the official backtracking text is reproduced,
+"""Explanations (lopti_minimal/task/explain.py): the official backtracking text is reproduced,
 and both styles are replayed step by step against the logic by independent checkers."""
 import itertools
 import re

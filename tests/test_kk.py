@@ -1,4 +1,4 @@
-"""K&K grammar, solver, official sampler/renderer and records (lopti_minimal/kk.py)."""
+"""K&K grammar, solver, official sampler/renderer and records (lopti_minimal/task/kk.py)."""
 import ast
 import itertools
 import json

@@ -1,4 +1,4 @@
-"""Free phrasing (lopti_minimal/phrasing.py) and the two behaviours (behaviours.py).
+"""Free phrasing (lopti_minimal/task/phrasing.py) and the two behaviours (behaviours.py).
 
 Claims: every phrasing of a derivation is the same derivation (it replays step by step,
 through `phrasing.canonical`) and scores 3; phrasing varies every kind of line; each

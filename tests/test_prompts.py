@@ -1,4 +1,4 @@
-"""Prompts and supervised targets (lopti_minimal/prompts.py)."""
+"""Prompts and supervised targets (lopti_minimal/task/prompts.py)."""
 import pytest
 
 from lopti_minimal.task import dataset, kk, prompts, reward

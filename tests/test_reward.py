@@ -1,4 +1,4 @@
-"""The Logic-RL reward (lopti_minimal/reward.py): totals, parts, robustness, fooling."""
+"""The Logic-RL reward (lopti_minimal/task/reward.py): totals, parts, robustness, fooling."""
 import time
 
 from hypothesis import HealthCheck, given, settings
