@@ -89,9 +89,9 @@ def load_data(a) -> tuple[list[dict], str]:
 def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
+    from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
     from lopti_minimal.runs import resolve_model_source
     from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_report
-    from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
     try:
         if a.samples < 1:
             raise ValueError(f"--samples must be >= 1, got {a.samples}")

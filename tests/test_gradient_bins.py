@@ -8,9 +8,9 @@ import math
 import torch
 
 from lopti_minimal import models
-from lopti_minimal.task import dataset
 from lopti_minimal.grpo import token_logprobs
 from lopti_minimal.sampling import sample_groups
+from lopti_minimal.task import dataset
 
 BINS = (0.0, 0.25, 0.5, 0.75, 1.0 + 1e-9)       # the paper's fixed bins, last one closed
 PARAM_TOKENS_PER_BIN = 12                        # per-token parameter gradients: a sample

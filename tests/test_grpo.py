@@ -10,7 +10,7 @@ from lopti_minimal.grpo import (GRPOConfig, aggregate, batch_from_rollout, group
                                 sort_by_length, token_logprobs)
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
-from llama_stub import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
 G = 4
 

@@ -7,34 +7,13 @@ import random
 import numpy as np
 import pytest
 
+from conftest import ref_eval, ref_solutions
 from lopti_minimal.task import dataset, kk
 
 OFFICIAL = kk.load_official()
 
 
 # ---------------------------------------------------------------- independent reference
-def ref_eval(s, x):
-    """The test's own evaluator (written apart from kk.evaluate)."""
-    op = s[0]
-    if op == "telling-truth":
-        return x[s[1]]
-    if op == "lying":
-        return not x[s[1]]
-    vals = [ref_eval(t, x) for t in s[1:]]
-    return {"not": lambda: not vals[0], "and": lambda: all(vals), "or": lambda: any(vals),
-            "->": lambda: (not vals[0]) or vals[1], "<=>": lambda: vals[0] == vals[1]}[op]()
-
-
-def ref_solutions(stmts):
-    """All consistent assignments by brute force, stopping at the first mismatch."""
-    n = len(stmts)
-    out = []
-    for x in itertools.product((True, False), repeat=n):
-        if all(ref_eval(s, x) == x[i] for i, s in enumerate(stmts)):
-            out.append(x)
-    return out
-
-
 def random_statement(rng, n, depth):
     if depth == 1 or rng.random() < 0.3:
         return (rng.choice(["telling-truth", "lying"]), rng.randrange(n))

@@ -3,9 +3,9 @@ import os
 import subprocess
 import sys
 
+from conftest import ROOT
 from lopti_minimal.task import dataset, kk
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(args, capsys):

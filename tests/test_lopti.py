@@ -10,7 +10,7 @@ from lopti_minimal.lopti import lopti_update, split_by_probability
 from lopti_minimal.reweight import reweight_advantages
 from lopti_minimal.sampling import sample_groups
 
-from llama_stub import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
 G = 4
 REWARDS = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, 3.0, -1.0, -0.5, 3.0, -1.0, -0.5, -0.5])

@@ -6,23 +6,15 @@ of spacing ~2.4e-4, so a step of ~1e-6 rounds away; one such step kept 0.7% of t
 update. The policy keeps float32 master weights (bf16 only under autocast), or bf16 weights
 with stochastic rounding (torchao's 8-bit AdamW), which keeps the update in expectation."""
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import ROOT
 from lopti_minimal import precision, trainer
 from lopti_minimal.trainer import TrainError, make_config
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "checkpoints" / "tiny-warm")
-
-
-@pytest.fixture
-def eager_compile(monkeypatch):
-    """torchao compiles its optimizer step with torch.compile; on a 2-core CPU that takes
-    about half a minute per parameter shape. The same math runs eagerly."""
-    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: fn)
 
 
 def kept_share(cfg) -> float:

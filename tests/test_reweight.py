@@ -8,7 +8,7 @@ from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, group_advantages
 from lopti_minimal.reweight import reweight_advantages, reweight_weights
 from lopti_minimal.sampling import sample_groups
 
-from llama_stub import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13], [BOS, 20, 21]]
 G = 4
 REWARDS = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, 3.0, -1.0, -0.5,

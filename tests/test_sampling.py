@@ -1,23 +1,17 @@
 """Grouped sampling: greedy equals transformers `generate`,
 sampled log-probs equal a fresh teacher-forced forward, EOS / padding masks, layout."""
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import BOS, EOS, PAD
+from conftest import tiny_llama as _tiny_llama
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
-EOS, PAD, BOS = 1, 0, 2
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]   # unequal: left padding
 
 
 def tiny_llama(seed=0, init=0.4):
-    """A random 2-layer Llama; init 0.4 makes its distributions peaked enough to give a
-    spread of token probabilities and some sampled EOS tokens."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
-                      pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg).eval()
+    """conftest.tiny_llama in eval mode."""
+    return _tiny_llama(seed, init).eval()
 
 
 def teacher_forced_logprobs(model, r, temperature):

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from lopti_minimal import runs, trainer
 from lopti_minimal.experiments import grid as G
 from lopti_minimal.experiments import report as R
 from lopti_minimal.experiments import stats
 from lopti_minimal.experiments import study as S
 
-ROOT = Path(__file__).resolve().parent.parent
 WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
 HAS_ORDER = "lopti_order" in {f.name for f in dataclasses.fields(trainer.TrainConfig)}
 

@@ -5,13 +5,13 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import train as train_cli
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
 
 

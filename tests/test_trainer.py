@@ -244,8 +244,8 @@ def test_the_default_cap_holds_every_three_person_derivation():
     a derivation that searches every node (unsolvable puzzles, the worst case) and 100
     generated puzzles, with the shipped tokenizer. A cut derivation would score -3, below
     a wrong guess, and teach the policy to guess."""
-    from lopti_minimal.task import behaviours, dataset
     from lopti_minimal.models import load_model_and_tokenizer
+    from lopti_minimal.task import behaviours, dataset
     _, tok = load_model_and_tokenizer(str(trainer.ROOT / "checkpoints" / "tiny-warm"), device="cpu")
     records = dataset.generate_records(3, 100, seed=3) + dataset.generate_unsolvable_records(3, 30, seed=3)
     longest = max(len(tok(behaviours.derive_response(r), add_special_tokens=False)["input_ids"]) + 1

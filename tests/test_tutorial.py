@@ -12,12 +12,12 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 NOTEBOOK = ROOT / "tutorial.ipynb"
 CELL_TIMEOUT_S = 2400         # the longest cell is section 5's two training runs (~5 min on 2 free cores)
 

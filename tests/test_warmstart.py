@@ -8,13 +8,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from conftest import ROOT
 from lopti_minimal import warmstart
-from lopti_minimal.task import dataset, kk, prompts
 from lopti_minimal.models import count_parameters, kk_prompt, load_model_and_tokenizer, make_tiny_model
+from lopti_minimal.task import dataset, kk, prompts
 from lopti_minimal.warmstart import (WarmStartConfig, bucketed_batches, collate, encode_example,
                                      lr_at, response_loss, size_weights)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = os.path.join(ROOT, "checkpoints", "tiny-warm")          # the default: two behaviours
 DERIVE = os.path.join(ROOT, "checkpoints", "tiny-derive")         # canonical derivations only
 SHIPPED_STAGE1 = os.path.join(ROOT, "checkpoints", "tiny-warm-stage1")   # stage 1 of both

@@ -109,10 +109,10 @@ from tqdm import tqdm
 
 from .. import runs, trainer
 from ..cli import HelpFormatter
-from ..trainer import ROOT, TrainError
 from ..task.evaluate import evaluate_records
 from ..task.evaluate import write_report as write_eval_report
 from ..task.kk import load_jsonl
+from ..trainer import ROOT, TrainError
 from .grid import (GRIDS, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, StudyError, Variant, config_diff,
                    warm_start_eval_path)
 from .report import aggregate, find_runs, format_hours, read_run, write_report
