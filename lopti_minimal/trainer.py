@@ -91,7 +91,7 @@ class TrainError(ValueError):
 # =======================================================================================
 
 def _default_eval_budget() -> dict:
-    """evaluate.DEFAULT_MAX_NEW_TOKENS (local import: evaluate imports this module)."""
+    """task.evaluate.DEFAULT_MAX_NEW_TOKENS, the evaluation rule's budgets, as a fresh dict."""
     from .task.evaluate import DEFAULT_MAX_NEW_TOKENS
     return dict(DEFAULT_MAX_NEW_TOKENS)
 

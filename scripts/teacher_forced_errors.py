@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lopti_minimal import warmstart  # noqa: E402
 from lopti_minimal.models import load_model_and_tokenizer  # noqa: E402
-from lopti_minimal.task import kk
+from lopti_minimal.task import kk  # noqa: E402
 
 
 def line_kind(line: str) -> str:
