@@ -51,59 +51,19 @@ import sys
 from lopti_minimal.cli import HelpFormatter
 
 
-def parse_rl_sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--rl-sizes takes people per puzzle like 3 or 3,4, not {text!r}")
-    if not sizes or any(not 2 <= n <= 8 for n in sizes):
-        raise argparse.ArgumentTypeError(f"--rl-sizes: each size must be 2..8, got {text!r}")
-    return sizes
-
-
 def parse_args(argv=None):
-    from lopti_minimal.trainer import METHODS, PRESETS
+    """The run's options come from TrainConfig's fields (config.add_options: one declaration
+    per option, its default and help in config.py); the ones below are about the command."""
+    from lopti_minimal.config import PRESETS, add_options
     ap = argparse.ArgumentParser(description="GRPO / AR / Lopti RL on Knights & Knaves.",
                                  formatter_class=HelpFormatter)
     ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(PRESETS)}")
-    ap.add_argument("--method", help=f"one of: {', '.join(METHODS)} (default ar_lopti)")
-    ap.add_argument("--alpha", type=float, help="AR strength, paper Eq. 4, in [0, 1] (default: the "
-                    "paper's for the method, 0.2 for ar, 0.3 for ar_lopti)")
-    ap.add_argument("--eta", type=float, help="Lopti probability threshold, in (0, 1] (default: the "
-                    "paper's for the method, 0.4 for lopti, 0.5 for ar_lopti)")
-    ap.add_argument("--ppo-epochs", type=int, help="optimizer passes over each rollout (default 1; "
-                    "2 = the study's control arm)")
-    ap.add_argument("--estimator", choices=("grpo", "reinforce_pp"),
-                    help="advantage estimator (default grpo; reinforce_pp = REINFORCE++, as the reference offers)")
-    ap.add_argument("--lopti-order", choices=("low_first", "high_first"),
-                    help="Lopti stage order (default low_first, Algorithm 1; high_first is the ablation)")
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--group-size", type=int, help="responses per prompt, G >= 2")
-    ap.add_argument("--prompts-per-step", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--steps", type=int, help="RL steps (with --resume: extend the run to this many)")
-    ap.add_argument("--temperature", type=float)
-    ap.add_argument("--max-new-tokens", type=int, help="response budget of an RL rollout")
-    ap.add_argument("--max-prompt-len", type=int, help="longer RL prompts are dropped")
-    ap.add_argument("--model", help="HF folder, hub id or .gguf file (default: checkpoints/tiny-warm)")
-    ap.add_argument("--rl-sizes", type=parse_rl_sizes,
-                    help="people per generated RL puzzle, e.g. 3 or 3,4 (default: the preset's)")
-    ap.add_argument("--data", help="train on this K&K JSON Lines file instead of generated puzzles")
-    ap.add_argument("--run-dir", help="where to write the run (default runs/<time>-<preset>-<method>-s<seed>)")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue this run after its latest checkpoint")
-    ap.add_argument("--eval-every", type=int, help="evaluate every N steps (0: only at the end)")
-    ap.add_argument("--save-every", type=int, help="checkpoint every N steps")
-    ap.add_argument("--keep-checkpoints", type=int, help="periodic checkpoints kept (default 2; 0 keeps all)")
-    ap.add_argument("--eval-before", action="store_true", help="also evaluate the initial policy")
-    ap.add_argument("--no-eval", action="store_true", help="skip the final evaluation")
-    ap.add_argument("--threads", type=int, help="torch CPU threads (default: all cores)")
-    ap.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    ap.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (if installed)")
-    ap.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     ap.add_argument("--rebuild-warmstart", action="store_true",
                     help="re-create checkpoints/tiny-warm by supervised warm start first")
     # = WarmStartConfig.minutes (a test checks it); a literal keeps --help free of the torch import
     ap.add_argument("--warmstart-minutes", type=float, default=95.0, help="stage-1 budget of --rebuild-warmstart")
+    add_options(ap.add_argument_group("run options (preset values unless given)"))
     ap.error = one_line_error
     return ap.parse_args(argv)
 
@@ -116,18 +76,11 @@ def one_line_error(message: str):
 
 def build_config(a):
     """The TrainConfig of the command line: a preset, then the options given."""
-    from lopti_minimal.trainer import make_config, resume_config
+    from lopti_minimal.config import make_config, overrides
+    from lopti_minimal.trainer import resume_config
     if a.resume:
-        return resume_config(a.resume, steps=a.steps, progress=not a.no_progress)
-    return make_config(
-        a.preset, method=a.method, alpha=a.alpha, eta=a.eta, lopti_order=a.lopti_order, ppo_epochs=a.ppo_epochs, estimator=a.estimator, seed=a.seed, group_size=a.group_size,
-        prompts_per_step=a.prompts_per_step, lr=a.lr, steps=a.steps, temperature=a.temperature,
-        max_new_tokens=a.max_new_tokens, max_prompt_len=a.max_prompt_len, model=a.model,
-        rl_sizes=a.rl_sizes, rl_data=a.data, run_dir=a.run_dir, eval_every=a.eval_every, save_every=a.save_every,
-        keep_checkpoints=a.keep_checkpoints,
-        eval_before=a.eval_before or None, final_eval=False if a.no_eval else None,
-        threads=a.threads, device=a.device, tensorboard=a.tensorboard or None,
-        progress=False if a.no_progress else None)
+        return resume_config(a.resume, steps=a.steps, progress=a.progress is not False)
+    return make_config(a.preset, **overrides(a))
 
 
 def ensure_model(cfg, a) -> None:
@@ -140,7 +93,7 @@ def ensure_model(cfg, a) -> None:
             raise TrainError("--rebuild-warmstart rebuilds checkpoints/tiny-warm; do not combine it with --model")
         from lopti_minimal import warmstart        # the README's recipe: two stages, < 2 h on 2 cores
         warmstart.main(["--recipe", "--out", path, "--minutes", f"{a.warmstart_minutes:g}",
-                        "--threads", str(a.threads or os.cpu_count())] + (["--no-progress"] if a.no_progress else []))
+                        "--threads", str(a.threads or os.cpu_count())] + (["--no-progress"] if a.progress is False else []))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):
         from lopti_minimal.warmstart import STAGE2_MINUTES
         raise TrainError(f"{default} not found: run with --rebuild-warmstart "

@@ -97,7 +97,7 @@ from trl import GRPOTrainer
 from .grpo import group_advantages
 from .lopti import split_by_probability
 from .reweight import reweight_advantages
-from .trainer import METHODS, TrainConfig, paper_settings
+from .config import METHODS, TrainConfig, paper_settings
 
 # ------------------------------------------------------------------------------ mapping
 

@@ -114,3 +114,18 @@ def test_gpu_preset_without_cuda_one_line_exit_2(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "none is visible: on a CPU use --preset cpu-tiny" in err, err
     assert not run.exists()
+
+
+def test_options_come_from_the_config_fields():
+    """One declaration per option: every TrainConfig field with help is a train.py option,
+    an option not given leaves the preset's value, and a given one overrides it."""
+    import dataclasses
+    from lopti_minimal.config import TrainConfig, make_config, overrides
+    a = train_cli.parse_args(["--preset", "ci", "--kl-coef", "0.01", "--no-eval", "--data", "x.jsonl",
+                              "--rl-sizes", "3,4", "--eta", "0.7"])
+    assert overrides(a) == {"kl_coef": 0.01, "final_eval": False, "rl_data": "x.jsonl",
+                            "rl_sizes": (3, 4), "eta": 0.7}
+    with_help = [f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("help")]
+    assert set(with_help) <= set(vars(train_cli.parse_args([])))
+    cfg = make_config("ci", **overrides(train_cli.parse_args(["--method", "lopti"])))
+    assert (cfg.steps, cfg.eta, cfg.alpha) == (2, 0.4, 0.3)      # the preset's steps, the paper's eta

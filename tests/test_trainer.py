@@ -217,7 +217,7 @@ def test_rl_selects_derivations_and_raises_the_reward(tmp_path):
     RL selects -- and the mean reward rises.
 
     The gradient tests prove each piece; this proves the pieces add up to learning. The
-    default run shows the same on new puzzles (README, "What the default run does"): its
+    default run shows the same on new puzzles (docs/EXPERIMENTS.md, "What the default run does"): its
     share of derivations rose 0.23-0.36 -> 0.73-0.88 between steps 1-3 and 8-10 in each of
     three seeds. A few responses reach the 640-token cap (at most 3 of 64 in a step of
     those runs; no well-formed 3-person derivation is that long, next test)."""

@@ -268,7 +268,7 @@ def _check_record_against_recipe(folder, want1, want2):
 
 
 def test_shipped_checkpoint_record_follows_the_recipe():
-    """checkpoints/tiny-warm is the two runs of warmstart.recipe() (README "Models"):
+    """checkpoints/tiny-warm is the two runs of warmstart.recipe() (docs/TASK_AND_MODELS.md):
     stage 1 from scratch (checkpoints/tiny-warm-stage1), stage 2 from it on the two
     behaviours; together within 2 hours. Its final greedy evaluation on 100 official
     puzzles per size is in format on at least 99% of 3..5-person puzzles."""
@@ -289,7 +289,7 @@ def test_tiny_derive_record_meets_the_targets():
 
 
 def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
-    """scripts/teacher_forced_errors.py (quoted in the README): every response token gets
+    """scripts/teacher_forced_errors.py (quoted in docs/RL_FROM_DERIVE.md): every response token gets
     exactly one kind of line, the derivation's kinds are all present, and the counts of
     wrong tokens are bounded by the token counts."""
     import importlib.util
@@ -314,7 +314,7 @@ def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
 
 
 def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop():
-    """scripts/format_errors.py (quoted in the README) on hand-made responses."""
+    """scripts/format_errors.py (quoted in docs/RL_FROM_DERIVE.md) on hand-made responses."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         "format_errors", os.path.join(ROOT, "scripts", "format_errors.py"))

@@ -1,0 +1,367 @@
+"""Configuration: every option of a run, declared once, and the named presets.
+
+Design choices:
+
+1. One declaration per option. A `TrainConfig` field carries its default *and* its
+   command-line help (``option(default, "help")``, the `field(metadata={"help": ...})` idiom
+   of TRL's configs); `add_options` turns the fields into `train.py`'s options and
+   `overrides` reads them back. Validation (`validate`) is the only other place an option
+   appears, because a range ("alpha in [0, 1]") is a rule, not a declaration.
+2. Presets are overrides of the defaults, and the defaults *are* the ``cpu-tiny`` preset
+   (the embedded run: the shipped tiny warm start on a 2-core CPU). So a command-line
+   option defaults to None ("not given"): the preset's value stands unless the user says
+   otherwise. That is why we do not use transformers' HfArgumentParser, which fills every
+   option with the dataclass default and would overwrite the preset.
+3. The paper's per-method settings live in one table, `PAPER_SETTINGS` (Yang et al. 2025,
+   K&K experiments, and the reference's launch scripts): AR alone alpha 0.2, Lopti alone
+   eta 0.4, AR+Lopti alpha 0.3 and eta 0.5. `--method lopti` means eta 0.4, as in the paper;
+   the study reads the same table.
+4. "Reference" in the comments below means the paper's K&K runs (the reference's K&K
+   launch scripts, scripts/train_kklogic_*_4x80GB.sh in the authors' verl fork: Qwen2.5-3B
+   and 7B on 4 x 80 GB). Every deviation of cpu-tiny from it is said, with the reason; the
+   GPU presets keep the reference values.
+5. This module imports no torch (only dataclasses and argparse), so `train.py --help` and
+   argument errors are instant.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import asdict, dataclass, field
+
+METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+ESTIMATORS = ("grpo", "reinforce_pp")
+LOPTI_ORDERS = ("low_first", "high_first")
+PAPER_SETTINGS = {"grpo": {}, "ar": {"alpha": 0.2}, "lopti": {"eta": 0.4},
+                  "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
+# A knob a method does not use keeps the AR+Lopti value (eta also sets the threshold of the
+# logged `low_fraction`, which every method reports).
+UNUSED_KNOBS = {"alpha": 0.3, "eta": 0.5}
+# The official K&K test sets' greedy budget per size (tokens), as the evaluation uses it.
+EVAL_MAX_NEW_TOKENS = {3: 640, 4: 1152, 5: 1536, 6: 1536, 7: 2048}
+
+
+def paper_settings(method: str) -> dict:
+    """{"alpha", "eta"} of ``method`` as in the paper's K&K runs (see PAPER_SETTINGS)."""
+    return {**UNUSED_KNOBS, **PAPER_SETTINGS.get(method, {})}
+
+
+class TrainError(ValueError):
+    """Bad input: the CLI prints it as one line and exits with code 2."""
+
+
+def option(default=None, help: str | None = None, *, flag: str | None = None, type=None,
+           choices=None, factory=None):
+    """A TrainConfig field that is also a command-line option (help=None: config only).
+
+    flag: the option's name when it is not ``--field-name`` (``--data`` for rl_data, or
+    ``--no-eval`` for a switch that turns a True field off); type: how to parse the text
+    (default: the type of the default value)."""
+    meta = {"help": help, "flag": flag, "type": type, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """"3" or "3,4" -> (3,) or (3, 4): people per puzzle, each 2..8."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes people per puzzle like 3 or 3,4, not {text!r}")
+    if not sizes or any(not 2 <= n <= 8 for n in sizes):
+        raise argparse.ArgumentTypeError(f"each size must be 2..8, got {text!r}")
+    return sizes
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on. Defaults = the ``cpu-tiny`` preset."""
+
+    # --- model and prompts
+    model: str = option("checkpoints/tiny-warm", "HF folder, hub id or .gguf file")
+    prompt_style: str = option("auto", "prompt format: auto (the chat template for instruct models, "
+                               "compact otherwise)", choices=("auto", "qwen", "compact"))
+
+    # --- method (paper Eq. 4 and Algorithm 1)
+    method: str = option("ar_lopti", "grpo | ar | lopti | ar_lopti (the paper's best K&K "
+                         "combination)")
+    alpha: float | None = option(None, "AR strength, paper Eq. 4, in [0, 1] (default: the paper's "
+                                 "for the method, 0.2 for ar, 0.3 for ar_lopti)", type=float)
+    eta: float | None = option(None, "Lopti threshold on pi_old, in (0, 1] (default: the paper's "
+                               "for the method, 0.4 for lopti, 0.5 for ar_lopti)", type=float)
+    # REINFORCE++ = batch-whitened returns (grpo.reinforce_pp_advantages); the reference
+    # offers both estimators for every K&K script.
+    estimator: str = option("grpo", "advantage estimator: grpo (group baseline) | reinforce_pp "
+                            "(REINFORCE++)", choices=ESTIMATORS)
+    lopti_order: str = option("low_first", "Lopti stage order: low_first (Algorithm 1) | "
+                              "high_first (the reversed ablation)", choices=LOPTI_ORDERS)
+
+    # --- RL schedule
+    seed: int = option(0, "seed of the run (prompt order, sampling)")
+    # reference: 5 epochs x 4,500 / 64 ~ 350 steps; sized here to fit the 15-minute CPU
+    # budget of the default run (docs/EXPERIMENTS.md)
+    steps: int = option(20, "RL steps (with --resume: extend the run to this many)")
+    prompts_per_step: int = option(8, "prompts per RL step")    # reference 64; a 2-core CPU
+                                                                # samples ~40 x fewer tokens/s
+    group_size: int = option(8, "responses per prompt, G >= 2")  # reference 8
+    temperature: float = option(0.7, "sampling temperature (also divides the logits in "
+                                "training)")                    # reference 0.7
+    top_p: float = option(1.0, "nucleus sampling (1 = off)")   # reference: no filtering
+    top_k: int = option(0, "top-k sampling (0 = off)")
+    # Reference 4,096. Never cuts a derivation of the sizes the default trains on: the
+    # longest phrased 3-person derivation, a full search that finds nothing, has ~550
+    # tokens. A cut derivation scores -3, below a wrong guess (-0.5), and teaches the policy
+    # to guess (measured with 3- and 4-person puzzles and a 512 cap: guesses won in 3 steps).
+    max_new_tokens: int = option(640, "response budget of an RL rollout")
+    # verl drops over-long prompts the same way; reference 400
+    max_prompt_len: int = option(256, "longer RL prompts are dropped")
+
+    # --- optimisation (grpo.GRPOConfig; the reference values are its defaults)
+    # Reference 1e-6 is for 3B/7B models; a ~3.4M-parameter model needs a far larger step.
+    # From the shipped warm start 1e-4 selects the derivations within about 10 steps at a
+    # k3 KL of ~0.02/token (docs/TWO_BEHAVIOURS.md); at 2e-4 an early warm start drifted to
+    # 0.38/token in 6 steps.
+    lr: float = option(1e-4, "AdamW learning rate")
+    weight_decay: float = option(0.01, "AdamW weight decay")    # verl's AdamW default
+    grad_clip: float = option(1.0, "gradient-norm clip")       # reference
+    eps_low: float = option(0.20, "PPO clip range below 1")    # reference, asymmetric
+    eps_high: float = option(0.24, "PPO clip range above 1 (clip-higher)")
+    clip_c: float = option(10.0, "dual-clip bound for negative advantages")   # reference
+    kl_coef: float = option(0.001, "k3 KL coefficient to the frozen initial policy")  # reference
+    # reference 256: one optimizer step per stage whenever prompts x G <= 256
+    mini_batch_size: int = option(256, "responses per optimizer step")
+    micro_batch_size: int = option(32, "responses per forward/backward (memory only)")
+    # exact token-mean over the mini-batch (grpo.py explains "verl")
+    grad_accum: str = option("global", "how micro-batches are averaged: global (exact) | verl",
+                             choices=("global", "verl"))
+    # 2 is the study's control arm: GRPO with two optimizer steps per rollout, as many as
+    # Lopti makes
+    ppo_epochs: int = option(1, "optimizer passes over each rollout (reference 1)")
+    # reference AdamW (float32 state); adamw8bit: torchao's 8-bit AdamW with bf16 stochastic
+    # rounding, for bf16 weights where float32 ones do not fit; adafactor (transformers)
+    optimizer: str = option("adamw", "adamw | adamw8bit | adafactor")
+
+    # --- data: the RL prompt set (generated, official test puzzles excluded, cached)
+    # Reference trains on 3..7 people; the tiny model derives right on 3 people about half
+    # the time and on 5-7 almost never, and 4-person derivations (up to ~1,100 tokens) would
+    # need a cap that doubles the sampling time.
+    rl_sizes: tuple = option((3,), "people per generated RL puzzle, e.g. 3 or 3,4", type=parse_sizes)
+    rl_per_size: int = option(900, "generated RL puzzles per size")   # reference 900
+    data_seed: int = option(20250518, "generator seed of the RL set (not the warm start's)")
+    cache_dir: str = option("cache", "where generated RL sets are cached")
+    rl_data: str | None = option(None, "train on this K&K JSON Lines file instead of generated "
+                                 "puzzles", flag="--data", type=str)
+
+    # --- numerics and hardware (precision.py)
+    device: str = option("auto", "cpu, cuda, cuda:1 ... (auto: cuda if available)")
+    # The optimizer updates float32 master weights, bf16 is for compute. auto = float32
+    # weights everywhere; bfloat16 weights only with an optimizer that rounds stochastically
+    # (adamw8bit), else small updates round away.
+    dtype: str = option("auto", "weight dtype: auto (float32) | float32 | bfloat16")
+    # bf16 matmuls under autocast, on CPU (AMX/AVX-512: ~4x faster update on this machine)
+    # and CUDA alike
+    autocast_bf16: bool = option(True, "bf16 autocast for compute", flag="--no-bf16")
+    ref_dtype: str = option("same", "the frozen pi_ref copy: same | bfloat16 (half the memory)")
+    # log pi_old by a teacher-forced forward after sampling, as verl does; makes the first
+    # ratio exactly 1 under autocast
+    recompute_old_logprobs: bool = option(True)
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward (GPU memory)")
+    rollout_chunk: int = option(0, "prompts per sampling call (0 = all): bounds the KV cache on a GPU")
+    threads: int | None = option(None, "torch CPU threads (default: all cores)", type=int)
+
+    # --- evaluation (official 3..7-person sets; accuracy = the greedy response scores 3)
+    eval_every: int = option(0, "evaluate every N steps (0: only at the end)")
+    eval_sizes: tuple = option((3, 4, 5, 6, 7), "official sizes to evaluate, e.g. 3,4",
+                               type=parse_sizes)
+    eval_per_size: int = option(100, "puzzles per size (the official sets have 100)")
+    eval_max_new_tokens: dict = option(factory=lambda: dict(EVAL_MAX_NEW_TOKENS))
+    eval_batch_size: int = option(100, "puzzles per generate call in the evaluation")
+    final_eval: bool = option(True, "skip the final evaluation", flag="--no-eval")
+    eval_before: bool = option(False, "also evaluate the initial policy (eval_before.json)")
+
+    # --- output
+    run_dir: str | None = option(None, "where to write the run (default "
+                                 "runs/<time>-<preset>-<method>-s<seed>)", type=str)
+    save_every: int = option(10, "checkpoint every N steps (a crash loses at most N steps)")
+    # 0 keeps every one, e.g. to evaluate the policy along the run
+    keep_checkpoints: int = option(2, "periodic checkpoints kept (0 keeps all)")
+    save_dtype: str = option("same")     # checkpoints keep the training dtype: resume is exact
+    preset: str = option("cpu-tiny")     # set by make_config (train.py --preset)
+    progress: bool = option(True, "no tqdm bars", flag="--no-progress")
+    plots: bool = option(True, "no plots", flag="--no-plots")
+    tensorboard: bool = option(False, "also log to TensorBoard (if installed)")
+
+    # ----------------------------------------------------------------------------------
+    def __post_init__(self):
+        paper = paper_settings(self.method)
+        if self.alpha is None:
+            self.alpha = paper["alpha"]
+        if self.eta is None:
+            self.eta = paper["eta"]
+
+    def grpo_config(self):
+        from .grpo import GRPOConfig
+        return GRPOConfig(group_size=self.group_size, temperature=self.temperature, lr=self.lr,
+                          weight_decay=self.weight_decay, grad_clip=self.grad_clip,
+                          eps_low=self.eps_low, eps_high=self.eps_high, clip_c=self.clip_c,
+                          kl_coef=self.kl_coef, mini_batch_size=self.mini_batch_size,
+                          micro_batch_size=self.micro_batch_size, grad_accum=self.grad_accum,
+                          ppo_epochs=self.ppo_epochs)
+
+    @property
+    def uses_ar(self) -> bool:
+        return self.method in ("ar", "ar_lopti")
+
+    @property
+    def uses_lopti(self) -> bool:
+        return self.method in ("lopti", "ar_lopti")
+
+
+# =======================================================================================
+# The command line, generated from the fields (design choice 1)
+# =======================================================================================
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _parse_type(f: dataclasses.Field):
+    if f.metadata.get("type") is not None:
+        return f.metadata["type"]
+    return _TYPES[f.type.split("|")[0].strip()]     # "float | None" -> float
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """One option per TrainConfig field that has help. Every option defaults to None
+    ("not given": the preset's value stands); the help says the cpu-tiny default."""
+    for f in dataclasses.fields(TrainConfig):
+        help_ = f.metadata.get("help")
+        if help_ is None:
+            continue
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):                  # a switch: turns the default around
+            parser.add_argument(flag, dest=f.name, action="store_const", const=not f.default,
+                                help=help_)
+            continue
+        if f.default is not None and f.default is not dataclasses.MISSING:
+            shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+            help_ = f"{help_} [cpu-tiny: {shown}]"
+        parser.add_argument(flag, dest=f.name, type=_parse_type(f), choices=f.metadata.get("choices"),
+                            metavar=None if f.metadata.get("choices") else f.name.upper(), help=help_)
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields given on the command line (None = not given)."""
+    names = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("help")}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+# =======================================================================================
+# Presets: overrides of the defaults above (the cpu-tiny preset is the defaults)
+# =======================================================================================
+
+_REF = dict(lr=1e-6, temperature=0.7, group_size=8, prompts_per_step=64, max_new_tokens=4096,
+            max_prompt_len=400, rl_sizes=(3, 4, 5, 6, 7), gradient_checkpointing=True,
+            eval_every=10, eval_max_new_tokens={n: 4096 for n in range(3, 8)}, eval_batch_size=100,
+            steps=350, save_every=20,
+            # precision.py: float32 master weights under AdamW, bf16 compute (autocast), a
+            # bf16 pi_ref; a CUDA GPU (refused with a one-line error where there is none).
+            device="cuda", dtype="float32", autocast_bf16=True, ref_dtype="bfloat16")
+PRESETS: dict[str, dict] = {
+    "cpu-tiny": {},
+    # The smallest thing that runs every part: tests and CI (< 60 s on 2 cores).
+    "ci": dict(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=48, rl_per_size=20,
+               eval_sizes=(3,), eval_per_size=4, eval_max_new_tokens={3: 48},
+               save_every=1, eval_every=0, plots=True, lr=1e-4),
+    # SmolLM2-135M-Instruct on a CPU (python scripts/fetch_smollm2.py): its chat template,
+    # its 49k vocabulary; a pretrained 135M model takes a smaller step than the tiny one.
+    "smollm2-cpu": dict(model="models/smollm2-135m-instruct", lr=1e-5, prompts_per_step=4,
+                        group_size=4, max_new_tokens=384, max_prompt_len=512, steps=20,
+                        rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=50,
+                        eval_max_new_tokens={3: 512}, eval_batch_size=50),
+    # One GPU, gradient checkpointing, the reference hyperparameters (GPU_MEMORY_GB: the
+    # GPU each is sized for). What bounds memory (trainer.memory_estimate_gb, README table):
+    # the KV cache of a rollout (64 x 8 responses of 4.5k tokens at once would need 40-85 GB,
+    # hence rollout_chunk prompts per sampling call), the float32 [rows, 4096, 151,936]
+    # logits of a micro-batch (~5.5 GB per response with their gradient, hence
+    # micro-batches of 1), and the evaluation's KV cache (eval_batch_size).
+    "qwen2.5-0.5b": dict(_REF, model="Qwen/Qwen2.5-0.5B-Instruct", micro_batch_size=1, rollout_chunk=16,
+                         eval_batch_size=64),
+    # 1.5B: float32 weights, gradients and AdamW moments (16 B/param = 24.6 GB) do not fit
+    # 24 GB; bf16 weights with torchao's 8-bit AdamW and bf16 stochastic rounding do, and
+    # keep every update in expectation (precision.py, choice 3).
+    "qwen2.5-1.5b": dict(_REF, model="Qwen/Qwen2.5-1.5B-Instruct", micro_batch_size=1, rollout_chunk=4,
+                         eval_batch_size=32, dtype="bfloat16", optimizer="adamw8bit"),
+    # 3B: the same policy needs ~30 GB at the faithful 4,096-token budget (weights, 8-bit
+    # moments and the reference copy are 6.2 GB each): a 40 GB GPU. No precision that
+    # keeps the updates fits 24 GB.
+    "qwen2.5-3b": dict(_REF, model="Qwen/Qwen2.5-3B-Instruct", micro_batch_size=1, rollout_chunk=2,
+                       eval_batch_size=16, dtype="bfloat16", optimizer="adamw8bit"),
+}
+# The GPU memory (GB) each GPU preset is sized for (benchmarks/memory_table.py checks the
+# estimate against it).
+GPU_MEMORY_GB = {"qwen2.5-0.5b": 24, "qwen2.5-1.5b": 24, "qwen2.5-3b": 40}
+
+
+def make_config(preset: str = "cpu-tiny", **overrides) -> TrainConfig:
+    """A preset, then explicit overrides (None values are ignored), validated."""
+    if preset not in PRESETS:
+        raise TrainError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    values = dict(PRESETS[preset], preset=preset)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(values) - names
+    if unknown:
+        raise TrainError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Reject bad input with a message that says what is wrong and what is allowed."""
+    if cfg.method not in METHODS:
+        raise TrainError(f"unknown method {cfg.method!r}: choose one of {', '.join(METHODS)}")
+    if not 0.0 <= cfg.alpha <= 1.0:
+        raise TrainError(f"alpha must lie in [0, 1] (paper Eq. 4), got {cfg.alpha}")
+    if not 0.0 < cfg.eta <= 1.0:
+        raise TrainError(f"eta must lie in (0, 1] (Lopti threshold on pi_old), got {cfg.eta}")
+    if cfg.estimator not in ESTIMATORS:
+        raise TrainError(f"unknown estimator {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
+    if cfg.lopti_order not in LOPTI_ORDERS:
+        raise TrainError(f"lopti order must be low_first or high_first, got {cfg.lopti_order!r}")
+    if cfg.group_size < 2:
+        raise TrainError(f"group size must be >= 2 (GRPO compares responses within a group), got {cfg.group_size}")
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "max_prompt_len", "rl_per_size",
+                 "micro_batch_size", "mini_batch_size", "ppo_epochs"):
+        if getattr(cfg, name) < 1:
+            raise TrainError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.temperature <= 0:
+        raise TrainError(f"temperature must be > 0, got {cfg.temperature}")
+    if not cfg.lr > 0:
+        raise TrainError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.grad_accum not in ("global", "verl"):
+        raise TrainError(f"grad accum must be global or verl, got {cfg.grad_accum!r}")
+    from .precision import PrecisionError, check_precision   # torch: only once a config is built
+    try:
+        check_precision(cfg)
+    except PrecisionError as e:
+        raise TrainError(str(e)) from None
+    if cfg.save_every < 0 or cfg.eval_every < 0 or cfg.keep_checkpoints < 0:
+        raise TrainError("save-every, eval-every and keep-checkpoints must be >= 0")
+
+
+def config_to_json(cfg: TrainConfig) -> dict:
+    d = asdict(cfg)
+    d["eval_max_new_tokens"] = {str(k): v for k, v in cfg.eval_max_new_tokens.items()}
+    return d
+
+
+def config_from_json(d: dict) -> TrainConfig:
+    d = dict(d)
+    d["eval_max_new_tokens"] = {int(k): v for k, v in d.get("eval_max_new_tokens", {}).items()}
+    for k in ("rl_sizes", "eval_sizes"):
+        if k in d:
+            d[k] = tuple(d[k])
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in d.items() if k in names})
