@@ -272,7 +272,7 @@ def replay_compact(text, stmts, names):
 
 
 def test_unsolvable_puzzles_search_every_node_then_guess():
-    """kk.generate_unsolvable_records (warm-start data only): the trace is a full, correct
+    """dataset.generate_unsolvable_records (warm-start data only): the trace is a full, correct
     search that finds nothing, then the fixed guess; the answer block says that guess."""
     from lopti_minimal.task import prompts
     for n in (2, 3, 4, 5):
