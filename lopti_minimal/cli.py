@@ -1,11 +1,23 @@
-"""Shared command-line pieces of train.py, eval.py and python -m lopti_minimal.study.
+"""Shared command-line pieces: a dataclass field that is also an option, and the parser.
 
-Kept import-free (argparse only), so `--help` and argument errors stay instant: the
-scripts import torch and transformers only after their arguments are checked.
+Design choices:
+
+1. One declaration per option: `option(default, "help")` is a dataclass field whose
+   metadata carries the help (the `field(metadata={"help": ...})` idiom of TRL's configs);
+   `add_options` turns a dataclass's fields into argparse options and `given` reads back
+   the ones the user gave. `config.TrainConfig` (train.py) and `warmstart.WarmStartConfig`
+   (python -m lopti_minimal.warmstart) are declared this way.
+2. Every generated option defaults to None, meaning "not given": a preset's value (or the
+   dataclass default) stands unless the user says otherwise. transformers'
+   HfArgumentParser fills every option with the dataclass default instead, which would
+   overwrite a preset; hence these few lines.
+3. Import-free (argparse and dataclasses only), so `--help` and argument errors stay
+   instant: the scripts import torch and transformers only after their arguments are checked.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -18,3 +30,53 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False):
             return action.help
         return super()._get_help_string(action)
+
+
+def option(default=None, help: str | None = None, *, flag: str | None = None, type=None,
+           choices=None, factory=None):
+    """A dataclass field that is also a command-line option (help=None: not an option).
+
+    flag: the option's name when it is not ``--field-name`` (``--data`` for rl_data, or
+    ``--no-eval`` for a switch that turns a True field off); type: how to parse the text
+    (default: from the field's annotation); factory: a default_factory."""
+    meta = {"help": help, "flag": flag, "type": type, "choices": choices}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _parse_type(f: dataclasses.Field):
+    if f.metadata.get("type") is not None:
+        return f.metadata["type"]
+    return _TYPES[f.type.split("|")[0].strip()]     # "float | None" -> float
+
+
+def options(cls) -> list[dataclasses.Field]:
+    """The fields of a dataclass that are command-line options."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("help")]
+
+
+def add_options(parser, cls, shown: str = "default") -> None:
+    """One option per field of ``cls`` declared with help. Each defaults to None ("not
+    given"); the help ends with the dataclass default, labelled ``shown``."""
+    for f in options(cls):
+        help_ = f.metadata["help"]
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):                  # a switch: turns the default around
+            parser.add_argument(flag, dest=f.name, action="store_const", const=not f.default, help=help_)
+            continue
+        if f.default is not None and f.default is not dataclasses.MISSING:
+            value = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+            help_ = f"{help_} [{shown}: {value}]"
+        choices = f.metadata.get("choices")
+        parser.add_argument(flag, dest=f.name, type=_parse_type(f), choices=choices,
+                            metavar=None if choices else f.name.upper(), help=help_)
+
+
+def given(args: argparse.Namespace, cls) -> dict:
+    """The fields of ``cls`` that the command line gave (None = not given)."""
+    names = {f.name for f in options(cls)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}

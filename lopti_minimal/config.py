@@ -3,15 +3,14 @@
 Design choices:
 
 1. One declaration per option. A `TrainConfig` field carries its default *and* its
-   command-line help (``option(default, "help")``, the `field(metadata={"help": ...})` idiom
-   of TRL's configs); `add_options` turns the fields into `train.py`'s options and
-   `overrides` reads them back. Validation (`validate`) is the only other place an option
-   appears, because a range ("alpha in [0, 1]") is a rule, not a declaration.
+   command-line help (``option(default, "help")``, cli.py: the `field(metadata={"help":
+   ...})` idiom of TRL's configs); `add_options` turns the fields into `train.py`'s options
+   and `overrides` reads them back. Validation (`validate`) is the only other place an
+   option appears, because a range ("alpha in [0, 1]") is a rule, not a declaration.
 2. Presets are overrides of the defaults, and the defaults *are* the ``cpu-tiny`` preset
    (the embedded run: the shipped tiny warm start on a 2-core CPU). So a command-line
-   option defaults to None ("not given"): the preset's value stands unless the user says
-   otherwise. That is why we do not use transformers' HfArgumentParser, which fills every
-   option with the dataclass default and would overwrite the preset.
+   option defaults to None ("not given") and the preset's value stands unless the user
+   says otherwise.
 3. The paper's per-method settings live in one table, `PAPER_SETTINGS` (Yang et al. 2025,
    K&K experiments, and the reference's launch scripts): AR alone alpha 0.2, Lopti alone
    eta 0.4, AR+Lopti alpha 0.3 and eta 0.5. `--method lopti` means eta 0.4, as in the paper;
@@ -27,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+
+from . import cli
+from .cli import option
 
 METHODS = ("grpo", "ar", "lopti", "ar_lopti")
 ESTIMATORS = ("grpo", "reinforce_pp")
@@ -48,19 +50,6 @@ def paper_settings(method: str) -> dict:
 
 class TrainError(ValueError):
     """Bad input: the CLI prints it as one line and exits with code 2."""
-
-
-def option(default=None, help: str | None = None, *, flag: str | None = None, type=None,
-           choices=None, factory=None):
-    """A TrainConfig field that is also a command-line option (help=None: config only).
-
-    flag: the option's name when it is not ``--field-name`` (``--data`` for rl_data, or
-    ``--no-eval`` for a switch that turns a True field off); type: how to parse the text
-    (default: the type of the default value)."""
-    meta = {"help": help, "flag": flag, "type": type, "choices": choices}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -218,42 +207,14 @@ class TrainConfig:
         return self.method in ("lopti", "ar_lopti")
 
 
-# =======================================================================================
-# The command line, generated from the fields (design choice 1)
-# =======================================================================================
-
-_TYPES = {"int": int, "float": float, "str": str}
-
-
-def _parse_type(f: dataclasses.Field):
-    if f.metadata.get("type") is not None:
-        return f.metadata["type"]
-    return _TYPES[f.type.split("|")[0].strip()]     # "float | None" -> float
-
-
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """One option per TrainConfig field that has help. Every option defaults to None
-    ("not given": the preset's value stands); the help says the cpu-tiny default."""
-    for f in dataclasses.fields(TrainConfig):
-        help_ = f.metadata.get("help")
-        if help_ is None:
-            continue
-        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):                  # a switch: turns the default around
-            parser.add_argument(flag, dest=f.name, action="store_const", const=not f.default,
-                                help=help_)
-            continue
-        if f.default is not None and f.default is not dataclasses.MISSING:
-            shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
-            help_ = f"{help_} [cpu-tiny: {shown}]"
-        parser.add_argument(flag, dest=f.name, type=_parse_type(f), choices=f.metadata.get("choices"),
-                            metavar=None if f.metadata.get("choices") else f.name.upper(), help=help_)
+    """train.py's run options: one per TrainConfig field that has help (cli.add_options)."""
+    cli.add_options(parser, TrainConfig, shown="cpu-tiny")
 
 
 def overrides(args: argparse.Namespace) -> dict:
     """The TrainConfig fields given on the command line (None = not given)."""
-    names = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("help")}
-    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return cli.given(args, TrainConfig)
 
 
 # =======================================================================================

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .cli import HelpFormatter, add_options, given, option
 from .models import count_parameters, load_model_and_tokenizer, make_tiny_model
 from .runs import save_hf_atomic
 from .task import dataset, explain, kk, prompts
@@ -64,50 +65,55 @@ from .tokenizer import build_kk_tokenizer
 
 @dataclass
 class WarmStartConfig:
-    preset: str = "tiny"
-    out: str = "checkpoints/tiny-warm"
-    # 95 + the final evaluation (1.6 min measured for the shipped checkpoint, README) fits the
-    # 2-hour budget of the recipe on 2 cores.
-    minutes: float = 95.0            # wall-clock budget of the training loop (excl. final eval)
-    steps: int | None = None         # if set, a fixed step budget instead of minutes
-    lr: float = 2e-3                 # peak AdamW learning rate
+    """Every option of a warm-start run, declared once (cli.option: default + help; the
+    command line is generated from the fields that have help)."""
+    preset: str = option("tiny", "model size (models.make_tiny_model)")
+    out: str = option("checkpoints/tiny-warm", "where to write the checkpoint")
+    # 95 + the final evaluation (1.6 min measured for the shipped checkpoint,
+    # docs/EXPERIMENTS.md) fits the 2-hour budget of the recipe on 2 cores.
+    minutes: float = option(95.0, "wall-clock budget of the training loop (excl. final eval)")
+    steps: int | None = option(None, "fixed step budget (overrides --minutes)", type=int)
+    lr: float = option(2e-3, "peak AdamW learning rate")
     min_lr_ratio: float = 0.05       # cosine floor, as a fraction of lr
     warmup_steps: int = 50
     weight_decay: float = 0.05
-    tokens_per_batch: int = 4096     # prompt + response tokens per optimizer step
+    tokens_per_batch: int = option(4096, "prompt + response tokens per optimizer step")
     # Length bucketing: draw this many batches of one size at once, sort the puzzles by
     # length and cut them into batches of neighbours, used in random order (1: no bucketing).
-    bucket_batches: int = 16
-    # Share of training puzzles drawn *unsolvable* (dataset.generate_unsolvable_records): their
-    # trace runs out of candidates and ends in a "guess", which teaches the model to close
-    # its answer when its own wrong check has rejected the solution instead of looping.
-    unsolvable_share: float = 0.0
-    # The two behaviours (behaviours.py): the share of targets that are a *guess* (a random
-    # answer straight away) instead of a derivation, and whether derivations are phrased
-    # freely (phrasing.py).  0 and False: the canonical derivation only (tiny-derive).
-    guess_share: float = 0.0
-    phrased: bool = False
+    bucket_batches: int = option(16, "batches drawn at once and length-bucketed (1: random batches)")
+    # Unsolvable puzzles (dataset.generate_unsolvable_records): their trace runs out of
+    # candidates and ends in a "guess", which teaches the model to close its answer when
+    # its own wrong check has rejected the solution instead of looping.
+    unsolvable_share: float = option(0.0, "share of training puzzles drawn unsolvable, whose "
+                                     "trace ends in a guess")
+    # The two behaviours (behaviours.py): 0 and False = the canonical derivation only
+    # (tiny-derive).
+    guess_share: float = option(0.0, "share of targets that guess (a random answer at once) "
+                                "instead of deriving")
+    phrased: bool = option(False, "phrase the derivations freely (phrasing.py): "
+                           "reward-irrelevant word choices")
     # Curriculum: (progress, {size: weight}); the last stage whose start <= progress applies.
     curriculum: tuple = ((0.0, {2: 1, 3: 2}), (0.08, {2: 1, 3: 3, 4: 2}),
                          (0.25, {3: 3, 4: 3, 5: 2}), (0.5, {3: 2, 4: 3, 5: 3}))
     vocab_size: int = 1024
-    seed: int = 0
-    threads: int | None = None       # torch intra-op threads (None: leave as is)
-    bf16: bool = True                # bf16 autocast (CPU and GPU)
-    eval_every_minutes: float = 12.0
+    seed: int = option(0, "seed of the puzzles, batches and initial weights")
+    threads: int | None = option(None, "torch threads (default: all cores)", type=int)
+    bf16: bool = option(True, "train in float32 (about 2x slower on CPU)", flag="--no-bf16")
+    eval_every_minutes: float = option(12.0, "periodic evaluation every N minutes")
     eval_every_steps: int | None = None
     eval_sizes: tuple = (3, 4)       # periodic evaluation (official and held-out)
-    eval_per_size: int = 20          # official puzzles per size at each periodic evaluation
-    heldout_per_size: int = 40       # generated held-out puzzles per size (0: none; selects the checkpoint)
+    eval_per_size: int = option(20, "official puzzles per size at each periodic evaluation (0: none)")
+    heldout_per_size: int = option(40, "generated held-out puzzles per size (0: none; selects "
+                                   "the checkpoint)")
     final_eval_sizes: tuple = (3, 4, 5, 6, 7)
-    final_eval_per_size: int = 100
+    final_eval_per_size: int = option(100, "official puzzles per size in the final evaluation")
     # Response caps per size: above the longest compact target seen for sizes 3..5 at
     # the 95th percentile, so a model that has learned the format is never cut short
     # there; 6 and 7 people need longer searches and are capped to keep evaluation cheap.
     # (Phrased derivations are about 15% longer: the longest of 200 generated 3-person
     # targets has 498 tokens, 4 people 1,055, 5 people 1,464.)
     max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 640, 4: 1152, 5: 1600, 6: 2048, 7: 2048})
-    progress: bool = True
+    progress: bool = option(True, "no tqdm bar (log files)", flag="--no-progress")
     init: str | None = None          # the checkpoint this run continued from (--init), if any
 
 
@@ -502,57 +508,30 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Supervised warm start of the tiny K&K model.")
+    ap = argparse.ArgumentParser(description="Supervised warm start of the tiny K&K model.",
+                                 formatter_class=HelpFormatter)
     ap.add_argument("--recipe", nargs="?", const="two-behaviour", choices=("two-behaviour", "derive"),
                     help="make a shipped checkpoint: the two runs of warmstart.recipe() into --out "
                          "(default checkpoints/tiny-warm) and OUT-stage1, with --threads and --minutes; "
                          "'derive' makes tiny-derive (canonical derivations only)")
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--minutes", type=float, default=WarmStartConfig.minutes, help="training wall-clock budget")
-    ap.add_argument("--steps", type=int, default=None, help="fixed step budget (overrides --minutes)")
-    ap.add_argument("--out", default="checkpoints/tiny-warm")
-    ap.add_argument("--lr", type=float, default=WarmStartConfig.lr)
-    ap.add_argument("--tokens-per-batch", type=int, default=WarmStartConfig.tokens_per_batch)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    ap.add_argument("--bucket-batches", type=int, default=WarmStartConfig.bucket_batches,
-                    help="batches drawn at once and length-bucketed (1: random batches, as before)")
-    ap.add_argument("--unsolvable-share", type=float, default=WarmStartConfig.unsolvable_share,
-                    help="share of training puzzles drawn unsolvable, whose trace ends in a guess "
-                         "(teaches the model to close its answer when its search runs out)")
-    ap.add_argument("--guess-share", type=float, default=WarmStartConfig.guess_share,
-                    help="share of targets that guess (a random answer at once) instead of deriving")
-    ap.add_argument("--phrased", action="store_true",
-                    help="phrase the derivations freely (phrasing.py): reward-irrelevant word choices")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-every-minutes", type=float, default=WarmStartConfig.eval_every_minutes)
-    ap.add_argument("--no-bf16", action="store_true", help="train in float32 (about 2x slower on CPU)")
-    ap.add_argument("--eval-per-size", type=int, default=WarmStartConfig.eval_per_size,
-                    help="official puzzles per size at each periodic evaluation (0: none)")
-    ap.add_argument("--heldout-per-size", type=int, default=WarmStartConfig.heldout_per_size)
-    ap.add_argument("--final-eval-per-size", type=int, default=100)
-    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar (log files)")
     ap.add_argument("--init", default=None,
                     help="continue from this checkpoint (its tokenizer too) with a fresh schedule "
                          "and the last curriculum stage")
     ap.add_argument("--style", choices=sorted(RESPONSE_STYLES), default="compact",
                     help="target: compact explanation (names), numbered (people as 1..n), or direct (answer only)")
+    add_options(ap.add_argument_group("run options"), WarmStartConfig)
     return ap
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    cfg = WarmStartConfig(**given(a, WarmStartConfig))
+    cfg.threads = cfg.threads or os.cpu_count()
     if a.recipe:
-        for args in recipe(a.out, a.threads or 2, a.minutes, derive_only=a.recipe == "derive"):
+        for args in recipe(cfg.out, a.threads or 2, cfg.minutes, derive_only=a.recipe == "derive"):
             print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
-            main(args + (["--no-progress"] if a.no_progress else []))
+            main(args + ([] if cfg.progress else ["--no-progress"]))
         return 0
-    cfg = WarmStartConfig(preset=a.preset, minutes=a.minutes, steps=a.steps, out=a.out, lr=a.lr,
-                          tokens_per_batch=a.tokens_per_batch, threads=a.threads or os.cpu_count(),
-                          bucket_batches=a.bucket_batches, unsolvable_share=a.unsolvable_share,
-                          guess_share=a.guess_share, phrased=a.phrased,
-                          seed=a.seed, eval_every_minutes=a.eval_every_minutes, bf16=not a.no_bf16,
-                          eval_per_size=a.eval_per_size, heldout_per_size=a.heldout_per_size,
-                          final_eval_per_size=a.final_eval_per_size, progress=not a.no_progress)
     model = tokenizer = None
     if a.init:
         model, tokenizer = load_model_and_tokenizer(a.init, dtype=torch.float32, device="cpu")

@@ -250,6 +250,18 @@ def test_shipped_warm_start_mostly_guesses_greedy_and_derives_when_sampled():
     assert sum(derived) / len(derived) > 0.3, derived
 
 
+def _recipe_runs(runs):
+    """The WarmStartConfig of each command line of a recipe, with its --init."""
+    from lopti_minimal.cli import given
+    out = []
+    for args in runs:
+        ns = warmstart.build_parser().parse_args(args)
+        cfg = WarmStartConfig(**given(ns, WarmStartConfig))
+        cfg.init = ns.init
+        out.append(cfg)
+    return out
+
+
 def _check_record_against_recipe(folder, want1, want2):
     stage1 = json.load(open(os.path.join(SHIPPED_STAGE1, "warmstart.json")))
     stage2 = json.load(open(os.path.join(folder, "warmstart.json")))
@@ -272,7 +284,7 @@ def test_shipped_checkpoint_record_follows_the_recipe():
     stage 1 from scratch (checkpoints/tiny-warm-stage1), stage 2 from it on the two
     behaviours; together within 2 hours. Its final greedy evaluation on 100 official
     puzzles per size is in format on at least 99% of 3..5-person puzzles."""
-    want1, want2 = (warmstart.build_parser().parse_args(args) for args in warmstart.recipe())
+    want1, want2 = _recipe_runs(warmstart.recipe())
     assert want2.init == "checkpoints/tiny-warm-stage1"         # train.py passes absolute paths
     final = _check_record_against_recipe(SHIPPED, want1, want2)
     assert all(final["official"][str(n)]["format"] >= 0.99 for n in (3, 4, 5))
@@ -281,8 +293,7 @@ def test_shipped_checkpoint_record_follows_the_recipe():
 def test_tiny_derive_record_meets_the_targets():
     """checkpoints/tiny-derive is warmstart.recipe(derive_only=True) from the same stage 1:
     accuracy 0.40 / 0.20 on 3 / 4 people, format +1 on at least 99% of 3..5-person puzzles."""
-    want1, want2 = (warmstart.build_parser().parse_args(args) for args in
-                    warmstart.recipe(DERIVE, derive_only=True, stage1=SHIPPED_STAGE1))
+    want1, want2 = _recipe_runs(warmstart.recipe(DERIVE, derive_only=True, stage1=SHIPPED_STAGE1))
     final = _check_record_against_recipe(DERIVE, want1, want2)
     assert final["official"]["3"]["accuracy"] >= 0.40 and final["official"]["4"]["accuracy"] >= 0.20
     assert all(final["official"][str(n)]["format"] >= 0.99 for n in (3, 4, 5))
