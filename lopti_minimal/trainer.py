@@ -55,7 +55,8 @@ from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advant
 from .lopti import lopti_update, split_by_probability
 from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
                      load_model_and_tokenizer, set_gradient_checkpointing)
-from .precision import PrecisionError, check_hardware, free_memory, master_dtype, ref_dtype, reference_copy
+from . import precision
+from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
 from .precision import make_optimizer as build_optimizer
 from .reweight import reweight_advantages
@@ -231,7 +232,7 @@ def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, gen
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                 generator=generator, greedy=greedy))
-            free_memory(device)         # this chunk's KV cache (the last one's before the update)
+            precision.free_memory(device)   # this chunk's KV cache (the last one's before the update)
     return concat_rollouts(parts, tokenizer.pad_token_id)
 
 
