@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     import torch
     from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
     from lopti_minimal.runs import resolve_model_source
-    from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_report
+    from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_eval_json
     try:
         if a.samples < 1:
             raise ValueError(f"--samples must be >= 1, got {a.samples}")
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     else:
         name = Path(source.rstrip("/")).name.replace(".gguf", "")
         out = Path(__file__).resolve().parent / "runs" / "eval" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_report(report, out)
+    write_eval_json(report, out)
     print(format_table(report))
     print(f"[eval] {report['seconds']} s; report: {out}")
     return 0

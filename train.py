@@ -18,7 +18,7 @@ What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12
    whose G rewards are equal has advantage 0 and teaches nothing -- and it needs a
    behaviour to select: RL from checkpoints/tiny-derive, which always derives, does not
    raise accuracy (docs/RL_FROM_DERIVE.md). --rebuild-warmstart re-creates it (the
-   README's recipe, warmstart.recipe(): 95 minutes from scratch, --warmstart-minutes, then
+   recipe, warmstart.recipe(): 95 minutes from scratch, --warmstart-minutes, then
    10 minutes on the two behaviours). --model takes any causal LM instead: a folder, a hub
    id or a .gguf file.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
@@ -91,7 +91,7 @@ def ensure_model(cfg, a) -> None:
     if a.rebuild_warmstart:
         if cfg.model != default and os.path.abspath(cfg.model) != str(ROOT / default):
             raise TrainError("--rebuild-warmstart rebuilds checkpoints/tiny-warm; do not combine it with --model")
-        from lopti_minimal import warmstart        # the README's recipe: two stages, < 2 h on 2 cores
+        from lopti_minimal import warmstart        # the recipe: two stages, < 2 h on 2 cores
         warmstart.main(["--recipe", "--out", path, "--minutes", f"{a.warmstart_minutes:g}",
                         "--threads", str(a.threads or os.cpu_count())] + (["--no-progress"] if a.progress is False else []))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):

@@ -1,4 +1,4 @@
-"""Print the README's GPU memory table: trainer.memory_estimate_gb for each Qwen2.5 preset
+"""Print the GPU memory table of docs/GPU.md: trainer.memory_estimate_gb for each Qwen2.5 preset
 under its precision policy (precision.py), against the GPU it is sized for.
 
 An estimate from model size (no GPU needed): the trained weights and their gradients

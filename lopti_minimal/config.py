@@ -39,8 +39,14 @@ PAPER_SETTINGS = {"grpo": {}, "ar": {"alpha": 0.2}, "lopti": {"eta": 0.4},
 # A knob a method does not use keeps the AR+Lopti value (eta also sets the threshold of the
 # logged `low_fraction`, which every method reports).
 UNUSED_KNOBS = {"alpha": 0.3, "eta": 0.5}
-# The official K&K test sets' greedy budget per size (tokens), as the evaluation uses it.
-EVAL_MAX_NEW_TOKENS = {3: 640, 4: 1152, 5: 1536, 6: 1536, 7: 2048}
+
+
+def _eval_budget() -> dict:
+    """The evaluation rule's response budget per size (task.evaluate owns it), as a fresh
+    dict. Imported when a config is built, not with this module: task.evaluate imports
+    torch, and `train.py --help` should not."""
+    from .task.evaluate import DEFAULT_MAX_NEW_TOKENS
+    return dict(DEFAULT_MAX_NEW_TOKENS)
 
 
 def paper_settings(method: str) -> dict:
@@ -164,7 +170,7 @@ class TrainConfig:
     eval_sizes: tuple = option((3, 4, 5, 6, 7), "official sizes to evaluate, e.g. 3,4",
                                type=parse_sizes)
     eval_per_size: int = option(100, "puzzles per size (the official sets have 100)")
-    eval_max_new_tokens: dict = option(factory=lambda: dict(EVAL_MAX_NEW_TOKENS))
+    eval_max_new_tokens: dict = option(factory=lambda: _eval_budget())
     eval_batch_size: int = option(100, "puzzles per generate call in the evaluation")
     final_eval: bool = option(True, "skip the final evaluation", flag="--no-eval")
     eval_before: bool = option(False, "also evaluate the initial policy (eval_before.json)")
@@ -241,7 +247,7 @@ PRESETS: dict[str, dict] = {
                         rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=50,
                         eval_max_new_tokens={3: 512}, eval_batch_size=50),
     # One GPU, gradient checkpointing, the reference hyperparameters (GPU_MEMORY_GB: the
-    # GPU each is sized for). What bounds memory (trainer.memory_estimate_gb, README table):
+    # GPU each is sized for). What bounds memory (trainer.memory_estimate_gb, docs/GPU.md table):
     # the KV cache of a rollout (64 x 8 responses of 4.5k tokens at once would need 40-85 GB,
     # hence rollout_chunk prompts per sampling call), the float32 [rows, 4096, 151,936]
     # logits of a micro-batch (~5.5 GB per response with their gradient, hence

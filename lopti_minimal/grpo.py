@@ -56,7 +56,7 @@ class GRPOConfig:
     entropy_coef: float = 0.0      # entropy_coeff = 0 in the reference; not implemented
 
 
-def make_optimizer(model, config: GRPOConfig) -> torch.optim.AdamW:
+def reference_adamw(model, config: GRPOConfig) -> torch.optim.AdamW:
     """AdamW as in the reference actor (lr, betas, weight decay from the config)."""
     return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas),
                              weight_decay=config.weight_decay)
@@ -177,7 +177,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
-def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
               num_tokens: float | None = None, num_seqs: float | None = None,
               denom_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Reduce a [B, R] per-token loss to a scalar (verl `agg_loss`).
@@ -306,16 +306,16 @@ def _micro_batch_loss(model, batch, mb, advantages, ref_logp, train_mask, denom_
     # Masked tokens contribute 0 to the numerator; `dm` decides the denominator.
     tm, dm = train_mask[mb], denom_mask[mb]
     if config.grad_accum == "global":
-        loss = aggregate(per_token, tm, config.loss_agg_mode, n_tok, n_seq, dm)
+        loss = agg_loss(per_token, tm, config.loss_agg_mode, n_tok, n_seq, dm)
     elif config.grad_accum == "verl":
-        loss = aggregate(per_token, tm, config.loss_agg_mode, denom_mask=dm) / n_micro
+        loss = agg_loss(per_token, tm, config.loss_agg_mode, denom_mask=dm) / n_micro
     else:
         raise ValueError(f"unknown grad_accum {config.grad_accum!r}")
     with torch.no_grad():
         ntm = float(tm.sum())
         ratio = st["ratio"][tm > 0]
         stats = {
-            "pg_loss": float(aggregate(pg, tm, config.loss_agg_mode, denom_mask=dm)),
+            "pg_loss": float(agg_loss(pg, tm, config.loss_agg_mode, denom_mask=dm)),
             "kl": float((kl * tm).sum()) / max(ntm, 1.0),
             "clip_frac": float((st["clipped"] * tm).sum()) / max(ntm, 1.0),
             "dual_clip_frac": float((st["dual_clipped"] * tm).sum()) / max(ntm, 1.0),

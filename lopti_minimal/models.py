@@ -43,7 +43,7 @@ class TinyPreset:
     max_positions: int     # longest prompt + response the RoPE cache is sized for
 
 
-# Sizes for a 2-core CPU.  Parameter counts (README) are for the shipped 1,024-entry
+# Sizes for a 2-core CPU.  Parameter counts (docs/TASK_AND_MODELS.md) are for the shipped 1,024-entry
 # vocabulary with tied input/output embeddings (tying saves vocab x hidden parameters,
 # a large share at this size).
 TINY_PRESETS: dict[str, TinyPreset] = {

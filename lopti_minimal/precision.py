@@ -100,13 +100,13 @@ def ref_dtype(cfg) -> torch.dtype | None:
     return None if cfg.ref_dtype == "same" else DTYPES[cfg.ref_dtype]
 
 
-def make_optimizer(model, cfg):
+def build_optimizer(model, cfg):
     """The optimizer of ``cfg.optimizer`` over the model's (master) weights."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
         # The reference actor's AdamW (betas, weight decay: grpo.GRPOConfig).
-        from .grpo import make_optimizer as grpo_optimizer
-        return grpo_optimizer(model, cfg.grpo_config())
+        from .grpo import reference_adamw
+        return reference_adamw(model, cfg.grpo_config())
     if cfg.optimizer == "adafactor":
         # Adafactor (Shazeer & Stern 2018) as shipped by transformers, with an explicit lr:
         # factored second moments, no first moment -- a few MB of state instead of 2 x params.

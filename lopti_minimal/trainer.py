@@ -58,14 +58,14 @@ from .models import (ModelLoadError, count_parameters, default_device, encode_pr
 from . import precision
 from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
-from .precision import make_optimizer as build_optimizer
+from .precision import build_optimizer
 from .reweight import reweight_advantages
 from .runs import (RUN_MARKER, append_jsonl, checkpoints, default_run_dir, is_run_dir, save_checkpoint,
                    save_hf_atomic, truncate_jsonl)
 from .sampling import Rollout, decode_responses, sample_groups
-from .task import dataset, kk
+from .task import dataset, kk, reward
 from .task.behaviours import derive_share
-from .task.evaluate import check_records, evaluate_records, write_report
+from .task.evaluate import check_records, evaluate_records, write_eval_json
 from .task.reward import score_response
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def frozen_copy(model, dtype: torch.dtype | None = None):
 
 
 def make_optimizer(model, cfg: TrainConfig):
-    """AdamW as in the reference, or the low-memory alternatives (precision.make_optimizer)."""
+    """AdamW as in the reference, or the low-memory alternatives (precision.build_optimizer)."""
     try:
         return build_optimizer(model, cfg)
     except PrecisionError as e:
@@ -307,13 +307,13 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
     kl = float((kl_k3(batch["old_logprobs"], ref_logp) * mask).sum() / max(n_tok, 1)) if ref_logp is not None else 0.0
     # Token shares of the stages in the order they ran (stage 1 = the high tokens if high_first).
     shares = ((low, 1 - low) if cfg.lopti_order == "low_first" else (1 - low, low)) if len(stages) == 2 else (1.0,)
-    correct = (rewards == 3.0).float()
+    correct = (rewards == reward.RIGHT).float()
     groups = rewards.view(-1, G)
     return {
         "step": step + 1,
         "reward": float(rewards.mean()),
         "accuracy": float(correct.mean()),
-        "format_ok": float((rewards > -3.0).float().mean()),
+        "format_ok": float((rewards > reward.BAD_FORMAT).float().mean()),
         # The behaviour of the samples (behaviours.py): the share that derive rather than
         # guess. From the shipped warm start RL should raise it (the selection it makes).
         "derive_share": derive_share(texts),
@@ -447,7 +447,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     writer = _tensorboard(cfg, run_dir)
     if cfg.eval_before and start == 0:
         ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
-        write_report(ev, run_dir / "eval_before.json")
+        write_eval_json(ev, run_dir / "eval_before.json")
         log("[eval] before RL: " + _eval_text(ev))
 
     metrics_path, evals_path = run_dir / "metrics.jsonl", run_dir / "evals.jsonl"
@@ -490,7 +490,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     final_eval = None
     if cfg.final_eval:
         final_eval = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
-        write_report(final_eval, run_dir / "eval_final.json")
+        write_eval_json(final_eval, run_dir / "eval_final.json")
         append_jsonl(evals_path, {"step": cfg.steps, "final": True, **_eval_brief(final_eval)})
         paths["eval"] = str(run_dir / "eval_final.json")
         log("[eval] final: " + _eval_text(final_eval))
@@ -532,7 +532,7 @@ def _tensorboard(cfg: TrainConfig, run_dir: Path):
 
 
 # =======================================================================================
-# GPU memory estimate (the README table)
+# GPU memory estimate (the table in docs/GPU.md)
 # =======================================================================================
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -244,7 +244,7 @@ def response_loss(model, input_ids, loss_mask, bf16: bool = True, attention_mask
     position t sees positions <= t, which are all real tokens wherever t is one; the pads'
     own predictions are masked out of the loss.  Without a mask SDPA takes its fused causal
     kernel: a step on 2 CPU threads ran 1.08x / 1.16x / 1.23x as fast as with the
-    explicit mask on 3- / 4- / 5-person batches (benchmarks/warmstart_step.py, README)."""
+    explicit mask on 3- / 4- / 5-person batches (benchmarks/warmstart_step.py, docs/PERFORMANCE.md)."""
     device_type = input_ids.device.type
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
@@ -307,7 +307,7 @@ def format_eval(res: dict) -> str:
 # Checkpoints
 # ---------------------------------------------------------------------------------------
 
-def save_checkpoint(model, tokenizer, out: str, info: dict) -> None:
+def save_warm_start(model, tokenizer, out: str, info: dict) -> None:
     """Save as a Hugging Face folder: bf16 safetensors + config + tokenizer + info json
     (warmstart.json), with the project's one atomic saver (runs.save_hf_atomic: written
     to a temporary folder first and then renamed, so an interruption never leaves a
@@ -395,7 +395,7 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
         nonlocal best, last_eval
         if (cfg.final_eval_per_size if final else cfg.eval_per_size) <= 0:   # evaluation off
             if final:
-                save_checkpoint(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
+                save_warm_start(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
             return
         sizes = cfg.final_eval_sizes if final else cfg.eval_sizes
         per = cfg.final_eval_per_size if final else cfg.eval_per_size
@@ -419,7 +419,7 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
         metric = sum(sel[n]["accuracy"] for n in (3, 4) if n in sel)
         if final or metric >= best:
             best = max(best, metric)
-            save_checkpoint(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
+            save_warm_start(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
             log(f"[save] {cfg.out} (metric {metric:.2f})")
         last_eval = time.time()
 
@@ -479,8 +479,8 @@ GUESS_SHARE = 0.7         # the shipped warm start's share of guess targets
 def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
            minutes: float = WarmStartConfig.minutes, derive_only: bool = False,
            stage1: str | None = None) -> list[list[str]]:
-    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; README,
-    "Models"), at most 2 hours on 2 cores.
+    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; docs/EXPERIMENTS.md),
+    at most 2 hours on 2 cores.
 
     1. From scratch, ``minutes`` of training on solvable puzzles, to ``stage1`` (default
        ``OUT-stage1``; both shipped checkpoints continue from checkpoints/tiny-warm-stage1).

@@ -6,7 +6,7 @@ reward, our settings, TRL's training loop (generation, accelerate, DeepSpeed, lo
     python scripts/train_trl.py --method grpo --steps 10         # the baseline
     python scripts/train_trl.py --preset ci                      # seconds: every part once
     accelerate launch --config_file configs/accelerate_1gpu.yaml scripts/train_trl.py \
-        --preset qwen2.5-0.5b --model /path/to/Qwen2.5-0.5B-Instruct     # README: Scaling out
+        --preset qwen2.5-0.5b --model /path/to/Qwen2.5-0.5B-Instruct     # docs/GPU.md: Scaling out
 
 What is the same as `train.py` (trainer.rl_step): the RL prompt set (trainer.rl_prompt_set,
 official test puzzles excluded), the prompt text (models.kk_prompt), the reward

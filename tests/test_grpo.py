@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
-from lopti_minimal.grpo import (GRPOConfig, aggregate, batch_from_rollout, group_advantages,
-                                grpo_update, kl_k3, make_optimizer, policy_loss,
+from lopti_minimal.grpo import (GRPOConfig, agg_loss, batch_from_rollout, group_advantages,
+                                grpo_update, kl_k3, reference_adamw, policy_loss,
                                 sort_by_length, token_logprobs)
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
@@ -100,8 +100,8 @@ def test_kl_k3_zero_nonneg_clamped_and_finite():
 def test_token_mean_vs_seq_mean_token_mean():
     loss = torch.tensor([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 0]])
-    assert aggregate(loss, mask, "token-mean") == pytest.approx(8 / 5)
-    assert aggregate(loss, mask, "seq-mean-token-mean") == pytest.approx((1 + 4) / 2)
+    assert agg_loss(loss, mask, "token-mean") == pytest.approx(8 / 5)
+    assert agg_loss(loss, mask, "seq-mean-token-mean") == pytest.approx((1 + 4) / 2)
 
 
 # ------------------------------------------------------------------ pitfalls
@@ -125,13 +125,13 @@ def test_ratio_exactly_one_at_first_update():
     r, b = rollout_batch(model)
     ref = copy.deepcopy(model)
     cfg = GRPOConfig(lr=1e-3, mini_batch_size=len(b["input_ids"]), micro_batch_size=5)
-    m = grpo_update(model, ref, make_optimizer(model, cfg), b, cfg)
+    m = grpo_update(model, ref, reference_adamw(model, cfg), b, cfg)
     assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
     assert m["clip_frac"] == 0 and m["n_steps"] == 1
     # KL against an identical frozen reference is zero
     assert m["kl"] < 1e-8
     # ... and the update really moved the policy: a second pass sees ratios != 1
-    m2 = grpo_update(model, ref, make_optimizer(model, cfg), b, cfg)
+    m2 = grpo_update(model, ref, reference_adamw(model, cfg), b, cfg)
     assert max(abs(m2["ratio_min"] - 1), abs(m2["ratio_max"] - 1)) > 1e-3
     assert m2["kl"] > 0
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, group_advantages, grpo_update,
-                                make_optimizer)
+                                reference_adamw)
 from lopti_minimal.lopti import lopti_update, split_by_probability
 from lopti_minimal.reweight import reweight_advantages
 from lopti_minimal.sampling import sample_groups
@@ -130,8 +130,8 @@ def test_degenerate_eta_is_one_grpo_update(which):
     p = r.old_logprobs.exp()[r.response_mask > 0]
     eta = float(p.min()) if which == "below_min" else 1.01   # all high / all low
     m_lopti, m_grpo = copy.deepcopy(model), copy.deepcopy(model)
-    out = lopti_update(m_lopti, ref, make_optimizer(m_lopti, cfg), b, cfg, eta=eta)
-    grpo_update(m_grpo, ref, make_optimizer(m_grpo, cfg), b, cfg)
+    out = lopti_update(m_lopti, ref, reference_adamw(m_lopti, cfg), b, cfg, eta=eta)
+    grpo_update(m_grpo, ref, reference_adamw(m_grpo, cfg), b, cfg)
     assert out["stage1"]["n_steps"] + out["stage2"]["n_steps"] == 2   # one stage only
     for a, c in zip(m_lopti.parameters(), m_grpo.parameters()):
         assert torch.allclose(a, c, rtol=0, atol=1e-7)

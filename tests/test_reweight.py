@@ -4,7 +4,7 @@ import copy
 import torch
 
 from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, group_advantages, grpo_update,
-                                make_optimizer, policy_loss, token_logprobs)
+                                reference_adamw, policy_loss, token_logprobs)
 from lopti_minimal.reweight import reweight_advantages, reweight_weights
 from lopti_minimal.sampling import sample_groups
 
@@ -32,8 +32,8 @@ def test_alpha_zero_is_grpo_bit_for_bit():
     m1, m2 = model, copy.deepcopy(model)
     ref = copy.deepcopy(model)
     cfg = GRPOConfig(lr=1e-3, mini_batch_size=8, micro_batch_size=4)
-    grpo_update(m1, ref, make_optimizer(m1, cfg), b, cfg)
-    grpo_update(m2, ref, make_optimizer(m2, cfg), dict(b, advantages=A0), cfg)
+    grpo_update(m1, ref, reference_adamw(m1, cfg), b, cfg)
+    grpo_update(m2, ref, reference_adamw(m2, cfg), dict(b, advantages=A0), cfg)
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p1, p2)
 

@@ -78,7 +78,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..grpo import (GRPOConfig, batch_from_rollout, batch_logprobs, group_advantages,
-                   grpo_update, make_optimizer, token_advantages, token_logprobs)
+                   grpo_update, reference_adamw, token_advantages, token_logprobs)
 from ..lopti import lopti_update
 from ..models import is_instruct, kk_prompt, load_model_and_tokenizer
 from ..reweight import reweight_advantages
@@ -469,7 +469,7 @@ def _fig3_section(model, batch, cfg, gcfg, masks, adv, snap) -> dict:
                 g, opt = gcfg, make_sgd(model, cfg.lr)
             else:        # the trainer's AdamW, with its clip at 1.0
                 g = grpo_config(cfg, B, grad_clip=1.0, lr=cfg.adamw_lr)
-                opt = make_optimizer(model, g)
+                opt = reference_adamw(model, g)
             delta, _ = probability_change(
                 model, batch, batch["old_logprobs"],
                 lambda: method_update(meth, model, batch, batch["old_logprobs"], g, opt, cfg),

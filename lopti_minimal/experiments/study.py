@@ -110,7 +110,7 @@ from tqdm import tqdm
 from .. import runs, trainer
 from ..cli import HelpFormatter
 from ..task.evaluate import evaluate_records
-from ..task.evaluate import write_report as write_eval_report
+from ..task.evaluate import write_eval_json
 from ..task.kk import load_jsonl
 from ..trainer import ROOT, TrainError
 from .grid import (GRIDS, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, StudyError, Variant, config_diff,
@@ -259,7 +259,7 @@ def evaluate_warm_start(out, cfg, echo=print, heldout: str | None = None) -> Pat
     model, tok = trainer.load_policy(cfg)
     report = trainer.evaluate_policy(model, tok, cfg, progress=False)
     report.update(model=cfg.model, threads=cfg.threads, wall_s=round(time.perf_counter() - t0, 1))
-    write_eval_report(report, path)
+    write_eval_json(report, path)
     return path
 
 
@@ -322,7 +322,7 @@ def _write_heldout(cfg, heldout, path: Path, source: str | None = None) -> Path:
                               batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
                               autocast_bf16=cfg.autocast_bf16, progress=False)
     report.update(model=source or cfg.model, data=str(heldout))
-    write_eval_report(report, path)
+    write_eval_json(report, path)
     return path
 
 

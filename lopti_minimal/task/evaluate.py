@@ -122,7 +122,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
         per_size[n] = {
             "n": len(recs),
             "samples": samples,
-            "accuracy": float(np.mean([s.total == 3 for s in flat])),
+            "accuracy": float(np.mean([s.correct for s in flat])),
             "format_error": float(np.mean([not s.format_ok for s in flat])),
             "unparseable": float(np.mean([s.format_ok and s.parsed_roles is None for s in flat])),
             "wrong_answer": float(np.mean([s.parsed_roles is not None and not s.correct for s in flat])),
@@ -132,7 +132,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
             "max_new_tokens": m,
         }
         if samples > 1:
-            per_size[n]["pass_at_k"] = float(np.mean([any(s.total == 3 for s in ss) for ss in scores]))
+            per_size[n]["pass_at_k"] = float(np.mean([any(s.correct for s in ss) for ss in scores]))
         if keep_responses:
             for r, tt, ss in zip(recs, texts, scores):
                 for t, s in zip(tt, ss):
@@ -172,7 +172,7 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict, path) -> None:
+def write_eval_json(report: dict, path) -> None:
     """JSON report, written atomically; per-record responses (if kept) go to a JSONL beside it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

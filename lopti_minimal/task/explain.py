@@ -268,7 +268,7 @@ def compact_trace(statements) -> list[tuple]:
         # wrong checks rejected the solution): the search has run out of candidates.  The
         # trace still ends in an answer, a fixed guess (everyone a knave), so a model that
         # has seen this closes its response instead of re-trying nodes it has already
-        # tried (the warm start's only format errors were such loops, README "Models").
+        # tried (the warm start's only format errors were such loops, docs/RL_FROM_DERIVE.md).
         events.append(("guess", (False,) * n))
     return events
 

@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 FORMAT_OK, FORMAT_BAD = 1.0, -1.0
 ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSEABLE = 2.0, -1.5, -2.0
+# The two totals the rest of the code reads a reward by (the RL metrics, the evaluation):
+RIGHT = FORMAT_OK + ANSWER_RIGHT                # 3: the only total of a correct response
+BAD_FORMAT = FORMAT_BAD + ANSWER_UNPARSEABLE    # -3: the only total of a malformed one
 
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Strict: ASCII-only, case-insensitive via character classes (no Unicode case folding).
