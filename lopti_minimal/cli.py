@@ -54,15 +54,16 @@ def _parse_type(f: dataclasses.Field):
     return _TYPES[f.type.split("|")[0].strip()]     # "float | None" -> float
 
 
-def options(cls) -> list[dataclasses.Field]:
-    """The fields of a dataclass that are command-line options."""
-    return [f for f in dataclasses.fields(cls) if f.metadata.get("help")]
+def options(cls, only=None) -> list[dataclasses.Field]:
+    """The fields of a dataclass that are command-line options (``only``: these names)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("help") and (only is None or f.name in only)]
 
 
-def add_options(parser, cls, shown: str = "default") -> None:
-    """One option per field of ``cls`` declared with help. Each defaults to None ("not
-    given"); the help ends with the dataclass default, labelled ``shown``."""
-    for f in options(cls):
+def add_options(parser, cls, shown: str = "default", only=None) -> None:
+    """One option per field of ``cls`` declared with help (``only``: these fields). Each
+    defaults to None ("not given"); the help ends with the dataclass default, labelled
+    ``shown``."""
+    for f in options(cls, only):
         help_ = f.metadata["help"]
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):                  # a switch: turns the default around
@@ -76,7 +77,7 @@ def add_options(parser, cls, shown: str = "default") -> None:
                             metavar=None if choices else f.name.upper(), help=help_)
 
 
-def given(args: argparse.Namespace, cls) -> dict:
+def given(args: argparse.Namespace, cls, only=None) -> dict:
     """The fields of ``cls`` that the command line gave (None = not given)."""
-    names = {f.name for f in options(cls)}
+    names = {f.name for f in options(cls, only)}
     return {k: v for k, v in vars(args).items() if k in names and v is not None}

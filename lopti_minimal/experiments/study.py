@@ -107,10 +107,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .. import runs, trainer
+from .. import cli, runs, trainer
 from ..cli import HelpFormatter
-from ..task.evaluate import evaluate_records
-from ..task.evaluate import write_eval_json
+from ..config import TrainConfig
+from ..task.evaluate import evaluate_records, write_eval_json
 from ..task.kk import load_jsonl
 from ..trainer import ROOT, TrainError
 from .grid import (GRIDS, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, StudyError, Variant, config_diff,
@@ -518,12 +518,14 @@ def parse_set(items) -> dict:
     return out
 
 
+# The TrainConfig options the study's command line takes directly (declared once, in
+# config.py); any other field: --set KEY=VALUE.
+STUDY_OPTIONS = ("model", "steps", "prompts_per_step", "group_size", "lr", "max_new_tokens",
+                 "eval_sizes", "eval_per_size", "save_every")
+
+
 def build_overrides(a) -> dict:
-    o = {"steps": a.steps, "prompts_per_step": a.prompts_per_step, "group_size": a.group_size, "lr": a.lr,
-         "max_new_tokens": a.max_new_tokens, "model": a.model, "eval_per_size": a.eval_per_size,
-         "save_every": a.save_every,
-         "eval_sizes": tuple(int(s) for s in a.eval_sizes.split(",")) if a.eval_sizes else None}
-    o = {k: v for k, v in o.items() if v is not None}
+    o = cli.given(a, TrainConfig, only=STUDY_OPTIONS)
     o.update(parse_set(a.set))
     bad = (VARIANT_FIELDS | RUNTIME_FIELDS | {"final_eval"}) & set(o)
     if bad:
@@ -543,15 +545,8 @@ def parse_args(argv=None):
     ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds 0..N-1 of the sweeps")
     ap.add_argument("--only", help="comma-separated methods or variant names to keep (e.g. grpo,ar_lopti)")
     ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(trainer.PRESETS)}")
-    ap.add_argument("--steps", type=int, help="RL steps of every run (preset default otherwise)")
-    ap.add_argument("--prompts-per-step", type=int)
-    ap.add_argument("--group-size", type=int)
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--max-new-tokens", type=int)
-    ap.add_argument("--model", help="warm start (default: the preset's)")
-    ap.add_argument("--eval-sizes", help="comma-separated official sizes to evaluate (default: the preset's)")
-    ap.add_argument("--eval-per-size", type=int)
-    ap.add_argument("--save-every", type=int, help="checkpoint every N steps (what a crash can lose)")
+    cli.add_options(ap.add_argument_group("every run's options (the preset's unless given)"), TrainConfig,
+                    shown="cpu-tiny", only=STUDY_OPTIONS)
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="any other TrainConfig field, for all runs")
     ap.add_argument("--out", default=DEFAULT_OUT, help="study folder: OUT/<preset>/<variant>-s<seed>/")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
