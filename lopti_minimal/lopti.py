@@ -16,7 +16,7 @@ the default):
 3. Masked tokens still count in the token-mean denominator (`denominator="all"`), as in
    the reference, so each stage is scaled by its share of the tokens; `"masked"` averages
    over the stage's own tokens.
-4. Low-first by default; `order="high_first"` is the paper's ablation that collapses
+4. Low-first by default; `order="high_first"` is the ablation the paper reports to collapse
    training (the reference's negative eta, the same partition).
 5. A stage (or mini-batch) with no tokens makes no optimizer step (the reference would step
    AdamW on a zero gradient), so eta <= min pi_old or eta > 1 is exactly one GRPO update.
