@@ -7,19 +7,20 @@
     python eval.py --model M --samples 8               # 8 sampled responses per puzzle
 
 Design choices:
-- Greedy by default: the paper's accuracy is the share of puzzles whose greedy response
-  scores 3 under the Logic-RL reward, per size on the official 3..7-person sets (100
-  each), and their mean. --samples K decodes K responses at --temperature instead and
-  reports their mean accuracy (avg@K) and pass@K.
-- The failure modes are reported next to accuracy (format errors, unparseable answers,
-  wrong answers, truncations), because for a small model they explain most changes.
-- The prompt follows the model: a chat template (the paper's Qwen system prompt) when the
-  tokenizer has one, the compact prompt of the tiny model otherwise.
-- Decoding is the rollout sampler (sampling.sample_groups) in greedy mode, batched by
-  size, with a KV cache. Decoding runs under bf16 autocast, the training numerics, on a
-  CPU or a GPU (--no-bf16 for the weights' own dtype).
-- The per-size response budget defaults to the run's (or the tiny model's) settings;
-  --max-new-tokens N sets one budget for every size.
+
+1. Greedy by default: the paper's accuracy is the share of puzzles whose greedy response
+   scores 3 under the Logic-RL reward, per size on the official 3..7-person sets (100
+   each), and their mean. --samples K decodes K responses at --temperature instead and
+   reports their mean accuracy (avg@K) and pass@K.
+2. The failure modes are reported next to accuracy (format errors, unparseable answers,
+   wrong answers, truncations), because for a small model they explain most changes.
+3. The prompt follows the model: a chat template (the paper's Qwen system prompt) when the
+   tokenizer has one, the compact prompt of the tiny model otherwise.
+4. Decoding is the rollout sampler (sampling.sample_groups) in greedy mode, batched by
+   size, with a KV cache. Decoding runs under bf16 autocast, the training numerics, on a
+   CPU or a GPU (--no-bf16 for the weights' own dtype).
+5. The per-size response budget defaults to the run's (or the tiny model's) settings;
+   --max-new-tokens N sets one budget for every size.
 
 Writes a JSON report (default: RUN_DIR/eval-<data>.json for a run, else
 runs/eval/<model>-<time>.json) and prints a table. Bad input: one line, exit code 2.

@@ -6,37 +6,21 @@
     python train.py --preset qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct   # one 24 GB GPU
     python train.py --resume runs/<run>  # continue an interrupted run exactly
 
-What one run does, and why it is built this way (Yang et al. 2025, arXiv 2505.12929):
+Design choices (Yang et al. 2025, arXiv 2505.12929; in full: docs/ARCHITECTURE.md):
 
-1. Prompts. RL puzzles are generated (3 people for the tiny model; the paper trains on
-   3..7), with every puzzle of the official test sets excluded, and cached under cache/
-   so every run and seed sees the same set. --data FILE trains on your own K&K JSONL.
-2. Policy. The default policy is the shipped warm-start checkpoint checkpoints/tiny-warm:
-   a 3.4M-parameter Llama trained from scratch (supervised) to do one of two things for
-   each puzzle -- *guess* at once (usually) or *derive* the answer step by step
-   (lopti_minimal/task/behaviours.py). RL needs a policy that is sometimes right -- a group
-   whose G rewards are equal has advantage 0 and teaches nothing -- and it needs a
-   behaviour to select: RL from checkpoints/tiny-derive, which always derives, does not
-   raise accuracy (docs/RL_FROM_DERIVE.md). --rebuild-warmstart re-creates it (the
-   recipe, warmstart.recipe(): 95 minutes from scratch, --warmstart-minutes, then
-   10 minutes on the two behaviours). --model takes any causal LM instead: a folder, a hub
-   id or a .gguf file.
+1. Prompts: generated RL puzzles, the official test puzzles excluded, cached under cache/
+   so every run and seed sees the same set (--data FILE: your own K&K JSONL).
+2. Policy: the shipped warm start checkpoints/tiny-warm, which guesses or derives: RL needs
+   a policy that is sometimes right and a behaviour to select (docs/RL_FROM_DERIVE.md).
+   --rebuild-warmstart re-creates it; --model takes any causal LM.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
-4. Each step samples G responses for each of a few prompts, scores them with the Logic-RL
-   reward, turns the rewards into group advantages, reweights them by the old token
-   probability (AR, paper Eq. 4) and updates low-probability tokens first, then the rest
-   (Lopti, Algorithm 1). --method picks grpo | ar | lopti | ar_lopti.
-5. Every random draw of a step is seeded by (seed, step): a run resumed from a checkpoint
-   gives the same metrics as an uninterrupted one. Checkpoints are Hugging Face folders,
-   written to a temporary name and renamed, every --save-every steps and at the end.
-6. The end: greedy evaluation on the official 3..7-person sets (the paper's metric),
-   a JSON report, plots, and the paths of everything written.
-
-Speed on a CPU: the update runs under bf16 autocast (float32 master weights) -- about 4x
-faster on CPUs with AMX/AVX-512-BF16 -- and the old log-probs are recomputed by the same
-teacher-forced forward, so the first importance ratio is exactly 1. The hyperparameters
-of cpu-tiny deviate from the paper's where a 3.4M-parameter model on 2 cores needs it;
-lopti_minimal/trainer.py (TrainConfig) says which and why. GPU presets keep the paper's.
+4. Each step: G responses per prompt, the Logic-RL reward, group advantages, AR (paper
+   Eq. 4), Lopti (Algorithm 1); --method picks grpo | ar | lopti | ar_lopti.
+5. Every random draw of a step is seeded by (seed, step), so --resume is exact; checkpoints
+   are Hugging Face folders written atomically.
+6. The end: greedy evaluation on the official 3..7-person sets (the paper's metric).
+7. bf16 autocast on float32 master weights; cpu-tiny deviates from the paper's
+   hyperparameters only where it must (config.py says which and why).
 
 Bad input (unknown method, alpha outside [0, 1], eta outside (0, 1], group size < 2,
 unreadable data or model, a --resume directory that is not a run) prints one line and

@@ -1,9 +1,13 @@
-"""lopti-minimal: a small, exact, readable reimplementation of
-"Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs" (Yang et al., 2025,
-arXiv 2505.12929): GRPO, Advantage Reweighting (AR, Eq. 4) and Low-Probability Token
-Isolation (Lopti, Algorithm 1) on Knights-and-Knaves logic puzzles.
+"""lopti-minimal: a small, exact, readable reimplementation of "Do Not Let Low-Probability
+Tokens Over-Dominate in RL for LLMs" (Yang et al., 2025, arXiv 2505.12929).
 
-See docs/ARCHITECTURE.md for the module map.
+Design choices (the module map: docs/ARCHITECTURE.md):
+
+1. The method as the paper states it: GRPO, Advantage Reweighting (AR, Eq. 4) and
+   Low-Probability Token Isolation (Lopti, Algorithm 1), on Knights-and-Knaves logic
+   puzzles.
+2. Three layers: the method in flat modules here, each one idea; the task in task/; the
+   experiments in experiments/, which import the core, while the core never imports them.
 """
 
 __version__ = "0.1.0"

@@ -1,15 +1,23 @@
 """GRPO: group advantages, token log-probs, the clipped surrogate with dual clip, the k3 KL
 penalty, token-mean aggregation and the (mini-/micro-)batched update.
 
-Everything follows the paper's GRPO objective and its reference implementation (a fork of the
-verl RL framework: `compute_policy_loss`, `kl_penalty` and `agg_loss` in
-verl/trainer/ppo/core_algos.py, `update_policy` in verl/workers/actor/dp_actor.py, and
-the K&K launch scripts for the defaults). The code is written from the formulas; the
-comments say where a choice reproduces the reference and where it deliberately differs.
-
 Notation (paper): pi_theta is the policy being trained, pi_old the policy that sampled
 the responses, rho_t = pi_theta(o_t) / pi_old(o_t), A_t the token advantage, pi_ref the
 frozen initial policy.
+
+Design choices:
+
+1. Everything follows the paper's GRPO objective and its reference implementation (a fork
+   of the verl RL framework: `compute_policy_loss`, `kl_penalty` and `agg_loss` in
+   verl/trainer/ppo/core_algos.py, `update_policy` in verl/workers/actor/dp_actor.py, and
+   the K&K launch scripts for the defaults, `GRPOConfig`).
+2. The code is written from the formulas; the comments say where a choice reproduces the
+   reference and where it deliberately differs.
+3. Gradient accumulation is exact by default (grad_accum="global": the accumulated
+   gradient equals the whole-mini-batch gradient); grad_accum="verl" reproduces the
+   reference's mean of per-micro-batch means.
+4. A mini-batch with nothing to train on (e.g. an empty Lopti stage) makes no optimizer
+   step, where the reference would still step on a zero gradient (see lopti.py).
 """
 from __future__ import annotations
 

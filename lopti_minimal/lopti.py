@@ -1,37 +1,26 @@
 """Low-Probability Token Isolation (Lopti), paper Algorithm 1.
 
 Low-probability tokens dominate a joint update with their large gradients (paper Prop. 4.2,
-Fig. 1) and move the probabilities of the high-probability tokens more than those tokens' own
-gradients do. Lopti separates them in time:
+Fig. 1); Lopti separates them in time: split the response tokens by pi_old(o_t) < eta
+(eta = 0.5; 0.4 Lopti-only), update on the low-probability tokens only, then on the
+high-probability ones, starting from the parameters stage 1 produced. Each stage is a full
+`grpo_update` with a token mask; this module is only the composition. In full:
+docs/ARCHITECTURE.md.
 
-    1. split the response tokens by pi_old(o_t) < eta           (eta = 0.5; 0.4 Lopti-only)
-    2. stage 1: update on the low-probability tokens only
-    3. stage 2: update on the high-probability tokens only, starting from the parameters
-       that stage 1 produced, so the high tokens' update corrects whatever stage 1 did to
-       them.
+Design choices (the reference, `seperate_updating` in the AR-Lopti fork's ray_trainer, is
+the default):
 
-Each stage is a full `grpo_update` (its own mini-batches and optimizer steps) with a
-token mask; this module is only the composition. Choices, with the reference code
-(the AR-Lopti fork of verl, `seperate_updating` in its ray_trainer) as the default:
-
-- pi_old is NOT recomputed between the stages (`recompute_old=False`): stage 2's ratios,
-  and so its clipping, are relative to the policy that sampled the batch. The reference
-  simply reruns the actor update on the same batch. `recompute_old=True` re-evaluates
-  pi_old after stage 1 instead (ratio exactly 1 at the start of stage 2).
-- The split is made once, from the pre-update pi_old, and is not re-evaluated.
-- Masked tokens still count in the token-mean denominator (`denominator="all"`): the
-  reference zeroes the other stage's advantages and multiplies its KL term by a mask but
-  keeps the response mask, so each stage is scaled by its share of the tokens.
-  `denominator="masked"` averages over the stage's own tokens instead.
-- Low-first by default; `order="high_first"` is the ablation the paper reports to
-  collapse training (the reference encodes it as a negative eta, splitting by
-  pi_old >= |eta|, which is the same partition).
-- A stage (or a mini-batch within it) with no tokens makes no optimizer step. The
-  reference would step AdamW on a zero gradient, which still moves the weights through
-  momentum and weight decay; skipping it is what makes eta <= min pi_old or eta > 1
-  reduce exactly to one GRPO update.
-- AR composes: pass the AR-reweighted advantages in `batch["advantages"]`; Lopti splits
-  those.
+1. pi_old is NOT recomputed between the stages (`recompute_old=False`), as the reference
+   simply reruns the actor update on the same batch; `recompute_old=True` re-evaluates it.
+2. The split is made once, from the pre-update pi_old, and is not re-evaluated.
+3. Masked tokens still count in the token-mean denominator (`denominator="all"`), as in
+   the reference, so each stage is scaled by its share of the tokens; `"masked"` averages
+   over the stage's own tokens.
+4. Low-first by default; `order="high_first"` is the ablation the paper reports to collapse
+   training (the reference's negative eta, the same partition).
+5. A stage (or mini-batch) with no tokens makes no optimizer step (the reference would step
+   AdamW on a zero gradient), so eta <= min pi_old or eta > 1 is exactly one GRPO update.
+6. AR composes: pass the AR-reweighted advantages in `batch["advantages"]`.
 """
 from __future__ import annotations
 

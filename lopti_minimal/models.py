@@ -1,18 +1,18 @@
 """Models: the tiny Llama presets, and one loader for any causal LM.
 
-Two tiers:
-- the *tiny* tier: a Llama-architecture model from ``transformers`` with a small config and
-  our own K&K tokenizer (tokenizer.py), trained from scratch on a CPU (warmstart.py);
-- the *pretrained* tier: any Hugging Face causal LM, from a local directory, a hub id (where
-  the hub is reachable) or a ``.gguf`` file (dequantized by transformers on load).
+Design choices:
 
-Both are ordinary ``PreTrainedModel`` objects, so the RL code never cares which tier it
-trains, and both are saved with ``save_pretrained``.
-
-Prompting (a known pitfall of GRPO implementations: an instruct model needs its chat
-template, or it never stops): ``kk_prompt`` builds the official Qwen-style system + user
-prompt through the tokenizer's chat template for instruct models, and the compact prompt
-for our tiny model, which has no chat template.
+1. Two tiers: the *tiny* tier, a Llama-architecture model from ``transformers`` with a
+   small config and our own K&K tokenizer (tokenizer.py), trained from scratch on a CPU
+   (warmstart.py); the *pretrained* tier, any Hugging Face causal LM, from a local
+   directory, a hub id (where the hub is reachable) or a ``.gguf`` file (dequantized by
+   transformers on load).
+2. Both are ordinary ``PreTrainedModel`` objects, so the RL code never cares which tier it
+   trains, and both are saved with ``save_pretrained``.
+3. Prompting through the model (a known pitfall of GRPO implementations: an instruct model
+   needs its chat template, or it never stops): ``kk_prompt`` builds the official
+   Qwen-style system + user prompt through the tokenizer's chat template for instruct
+   models, and the compact prompt for our tiny model, which has no chat template.
 """
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
-"""Plots of a run (matplotlib figures written to PNG files; no display needed).
+"""Plots of a run: training curves, the evaluation curve, per-size accuracy bars.
 
-- training curves: mean reward, sampled-response accuracy, share of derivations and
-  response length per RL step, with a moving average (single steps are noisy: a few prompts x G responses each);
-- evaluation curve: official accuracy per size at each periodic evaluation;
-- per-size accuracy bars of one or more evaluation reports (e.g. warm start vs after RL).
+Design choices:
+
+1. matplotlib figures written to PNG files; no display needed.
+2. Training curves (mean reward, sampled-response accuracy, share of derivations and
+   response length per RL step) carry a moving average: single steps are noisy (a few
+   prompts x G responses each).
+3. The evaluation curve is official accuracy per size at each periodic evaluation; the
+   bars compare one or more evaluation reports per size (e.g. warm start vs after RL).
 """
 from __future__ import annotations
 

@@ -1,17 +1,20 @@
 """Advantage Reweighting (AR), paper Eq. 4.
 
-Low-probability tokens carry large gradients (paper Prop. 4.2, Fig. 1): the norm of
-d log pi(o_t) / d z is about (1 - pi(o_t)). AR damps them by scaling each token's
-advantage linearly in its old probability, once per batch, right after the advantages
-are computed, for positive and negative advantages alike:
-
     A_hat_t = (alpha * pi_old(o_t) + (1 - alpha)) * A_t,      pi_old(o_t) = exp(old log-prob)
 
-The weight runs from 1 - alpha (a token the old policy found impossible) to 1 (a certain
-token), so high-probability tokens keep their full advantage and the rest are scaled
-down. alpha = 0 is plain GRPO, bit for bit. alpha = 0.3 in the K&K AR+Lopti runs, 0.2 for
-AR alone, 0.1 for math (the paper's per-method settings). In the reference launch scripts this is
-`reweight_method=both_linear_normal` with reweight_k = alpha and reweight_tau = 1 - alpha.
+Design choices:
+
+1. Why: low-probability tokens carry large gradients (paper Prop. 4.2, Fig. 1): the norm
+   of d log pi(o_t) / d z is about (1 - pi(o_t)). AR damps them by scaling each token's
+   advantage linearly in its old probability.
+2. Once per batch, right after the advantages are computed, for positive and negative
+   advantages alike.
+3. The weight runs from 1 - alpha (a token the old policy found impossible) to 1 (a certain
+   token), so high-probability tokens keep their full advantage and the rest are scaled
+   down. alpha = 0 is plain GRPO, bit for bit.
+4. alpha = 0.3 in the K&K AR+Lopti runs, 0.2 for AR alone, 0.1 for math (the paper's
+   per-method settings). In the reference launch scripts this is
+   `reweight_method=both_linear_normal` with reweight_k = alpha and reweight_tau = 1 - alpha.
 """
 from __future__ import annotations
 

@@ -1,15 +1,18 @@
 """Run directories: what a run writes, how it is written, and how it is read back.
 
-One atomic saver, ``save_hf_atomic``, writes every checkpoint of the project -- the RL
-trainer's periodic and final policies (trainer.py) and the supervised warm start
-(warmstart.py): a Hugging Face folder written under a temporary name and renamed, so a
-reader (or a resume after kill -9) sees either the old folder or the complete new one.
-
     RUN_DIR/run.json          marker + full config (what --resume reads back)
     RUN_DIR/metrics.jsonl     one JSON object per RL step
     RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
     RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt
     RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
+
+Design choices:
+
+1. One atomic saver, ``save_hf_atomic``, writes every checkpoint of the project -- the RL
+   trainer's periodic and final policies (trainer.py) and the supervised warm start
+   (warmstart.py).
+2. A Hugging Face folder is written under a temporary name and renamed, so a reader (or a
+   resume after kill -9) sees either the old folder or the complete new one.
 """
 from __future__ import annotations
 

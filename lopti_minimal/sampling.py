@@ -1,20 +1,23 @@
 """Grouped sampling with a KV cache: G responses per prompt, and the log-probs of the
 sampled tokens at the sampling temperature.
 
-GRPO (the objective the paper builds on) needs, for every prompt, a group of G sampled
-responses, and for every sampled token o_t its log-probability log pi_old(o_t) *at the
-rollout temperature* -- the same quantity the trainer recomputes as log pi_theta(o_t), so that
-the ratio pi_theta / pi_old is exactly 1 at the first update on fresh samples (a known
-pitfall of GRPO implementations: old and new log-probs at different temperatures).
-
 Layout (docs/ARCHITECTURE.md): B = prompts x G rows, group-major (rows g*G .. g*G+G-1
 are prompt g's group); input_ids = [left-padded prompt | right-padded response].
 
-Why our own loop rather than `model.generate`: we need the per-token log-probs of the
-full (unfiltered) tempered distribution, an explicit torch.Generator for determinism,
-and a loop that is cheap on a CPU. The loop is one batched forward per generated token
-over all B rows at once (no Python loop over rows), writes into preallocated buffers,
-and looks at the host only every `check_every` steps to see whether all rows are done.
+Design choices:
+
+1. A group of G sampled responses for every prompt (GRPO, the objective the paper builds
+   on), and for every sampled token o_t its log-probability log pi_old(o_t) *at the
+   rollout temperature* -- the same quantity the trainer recomputes as log pi_theta(o_t),
+   so that the ratio pi_theta / pi_old is exactly 1 at the first update on fresh samples
+   (a known pitfall of GRPO implementations: old and new log-probs at different
+   temperatures).
+2. Our own loop rather than `model.generate`: we need the per-token log-probs of the full
+   (unfiltered) tempered distribution, an explicit torch.Generator for determinism, and a
+   loop that is cheap on a CPU.
+3. The loop is one batched forward per generated token over all B rows at once (no Python
+   loop over rows), writes into preallocated buffers, and looks at the host only every
+   `check_every` steps to see whether all rows are done.
 """
 from __future__ import annotations
 

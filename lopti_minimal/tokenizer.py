@@ -1,25 +1,23 @@
 """The tiny model's tokenizer: a byte-level BPE trained here on generated K&K text.
 
-Why our own tokenizer: a pretrained tokenizer has ~50k entries, and for a model of a few
-million parameters the embedding table alone would dwarf the transformer.  K&K text uses a
-few hundred distinct words (51 names, "knight", "knave", the speech templates, the
-explanation's words), so a BPE of ~1,000 entries covers it with whole-word tokens.
+Design choices:
 
-Why byte-level: the 256 byte symbols are always in the vocabulary, so any string encodes
-without an unknown token and decodes back exactly (decode(encode(x)) == x), including
-quotes, newlines and text the model invents during RL.
-
-Special tokens:
-- bos/eos/pad (``<|bos|>``, ``<|eos|>``, ``<|pad|>``) are *special*: skipped by
-  ``decode(..., skip_special_tokens=True)``.  pad is distinct from eos so that a padding
-  mask can never hide the sampled end-of-sequence token, which is trained on (a known
-  pitfall of GRPO implementations: pad == eos masking the sampled EOS).
-- the four tags ``<think> </think> <answer> </answer>`` are ordinary added tokens: always
-  one token each (the reward looks for them, and the policy should emit a tag in one
-  step), and never stripped by decode.
-
-The result is a ``transformers.PreTrainedTokenizerFast``, so it is saved with
-``save_pretrained`` and loaded with ``AutoTokenizer.from_pretrained`` like any other.
+1. Our own tokenizer: a pretrained tokenizer has ~50k entries, and for a model of a few
+   million parameters the embedding table alone would dwarf the transformer. K&K text uses
+   a few hundred distinct words (51 names, "knight", "knave", the speech templates, the
+   explanation's words), so a BPE of ~1,000 entries covers it with whole-word tokens.
+2. Byte-level: the 256 byte symbols are always in the vocabulary, so any string encodes
+   without an unknown token and decodes back exactly (decode(encode(x)) == x), including
+   quotes, newlines and text the model invents during RL.
+3. bos/eos/pad (``<|bos|>``, ``<|eos|>``, ``<|pad|>``) are *special*: skipped by
+   ``decode(..., skip_special_tokens=True)``. pad is distinct from eos so that a padding
+   mask can never hide the sampled end-of-sequence token, which is trained on (a known
+   pitfall of GRPO implementations: pad == eos masking the sampled EOS).
+4. The four tags ``<think> </think> <answer> </answer>`` are ordinary added tokens: always
+   one token each (the reward looks for them, and the policy should emit a tag in one
+   step), and never stripped by decode.
+5. The result is a ``transformers.PreTrainedTokenizerFast``, so it is saved with
+   ``save_pretrained`` and loaded with ``AutoTokenizer.from_pretrained`` like any other.
 """
 from __future__ import annotations
 

@@ -1,36 +1,20 @@
 """The RL loop: rollouts, rewards, group advantages, AR, the GRPO or Lopti update, logging,
 checkpoints, resume, evaluation.
 
-This module only *composes* the others (Yang et al. 2025, arXiv 2505.12929: GRPO, AR Eq. 4,
-Lopti Algorithm 1):
+Design choices (the loop, resume and the run directory in full: docs/ARCHITECTURE.md):
 
-    for step in 0 .. steps-1:
-        prompts   <- the step's slice of the cached RL prompt set      (task/kk.py, prompts via models.kk_prompt)
-        rollout   <- sample_groups(policy, prompts, G, T)              (sampling.py)
-        rewards   <- Logic-RL reward of every response                (task/reward.py)
-        A         <- group advantages, broadcast to tokens             (grpo.py)
-        A_hat     <- (alpha * pi_old + 1 - alpha) * A     if AR        (reweight.py, paper Eq. 4)
-        update    <- lopti_update(eta) if Lopti else grpo_update       (lopti.py Alg. 1 / grpo.py)
-        log one line + one JSON line; checkpoint every save_every steps
-
-Reproducibility and resume. Every random choice of a step is derived from (seed, step):
-the prompts of a step come from a permutation seeded by (seed, epoch), and the sampler's
-torch.Generator is seeded by (seed, step). Nothing random is carried from one step to the
-next except the model and optimizer, which the checkpoints store exactly (float32
-weights on a CPU, the optimizer state dict). So a run resumed from its step-k checkpoint
-repeats steps k+1.. bit for bit, and its metrics file equals an uninterrupted run's
-(tests/test_trainer.py proves it). The global RNG states are saved too, for code that
-might use them (none of ours does).
-
-Run directory layout (everything a run writes; runs.py reads and writes it):
-
-    RUN_DIR/run.json          marker + full config (what --resume reads back)
-    RUN_DIR/metrics.jsonl     one JSON object per RL step
-    RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
-    RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt
-    RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
-    RUN_DIR/eval_final.json   the final evaluation report (task/evaluate.py format)
-    RUN_DIR/*.png             plots (plots.py)
+1. This module only *composes* the others (Yang et al. 2025, arXiv 2505.12929): prompts
+   (task/kk.py, models.kk_prompt), rollouts (sampling.py), the Logic-RL reward
+   (task/reward.py), group advantages (grpo.py), AR (reweight.py, paper Eq. 4), and
+   lopti_update (lopti.py, Algorithm 1) or grpo_update (grpo.py).
+2. Every random choice of a step is derived from (seed, step): the prompts from a
+   permutation seeded by (seed, epoch), the sampler's torch.Generator by (seed, step).
+   Nothing random is carried between steps except the model and optimizer, which the
+   checkpoints store exactly, so a run resumed from its step-k checkpoint repeats steps
+   k+1.. bit for bit (tests/test_trainer.py proves it). The global RNG states are saved
+   too, for code that might use them (none of ours does).
+3. Everything a run writes lives in its run directory (run.json, metrics.jsonl,
+   evals.jsonl, ckpt-*/, final/, eval_final.json, plots), read and written by runs.py.
 """
 from __future__ import annotations
 

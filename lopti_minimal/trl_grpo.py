@@ -1,91 +1,29 @@
 """AR and Lopti on top of TRL's `GRPOTrainer` (TRL 1.16.0): `LoptiGRPOTrainer`, plus
 `trl_grpo_args`, the one place that maps our configuration onto TRL's arguments.
 
-Paper: Yang et al. 2025, "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs"
-(arXiv 2505.12929). Notation: pi_theta the policy being trained, pi_old the policy that
-sampled the batch, o_t the t-th response token, A the GRPO advantage of a response,
-rho_t = pi_theta(o_t) / pi_old(o_t), alpha the AR strength (Eq. 4), eta the Lopti threshold
-(Algorithm 1). The algorithms themselves live in `reweight.py` (Eq. 4) and `lopti.py`
-(Algorithm 1); this module only teaches TRL to run them, and `tests/test_trl_grpo.py` checks
-that one TRL update equals our `grpo_update` / `lopti_update` on the same batch.
-
-This module is optional: the core package never imports it (nor TRL). Install TRL with
-`pip install -r requirements-trl.txt`.
+Optional: the core package never imports it (nor TRL); `pip install -r requirements-trl.txt`.
+The algorithms live in `reweight.py` (Eq. 4) and `lopti.py` (Algorithm 1); this module only
+teaches TRL to run them, and `tests/test_trl_grpo.py` checks that one TRL update equals our
+`grpo_update` / `lopti_update` on the same batch. The choices in full: docs/GPU.md.
 
 Design choices, in order of importance:
 
-1. AR (paper Eq. 4) is a per-token advantage. After TRL has generated and scored a
-   generation batch (`_generate_and_score_completions`), its advantage [B] becomes
-   [B, T]:  A_hat_t = (alpha * pi_old(o_t) + 1 - alpha) * A, with our own
-   `reweight.reweight_advantages`. TRL's `_compute_loss` accepts [B, T] advantages as
-   they are (it only unsqueezes a [B] tensor).
-
-2. pi_old is always computed, even where TRL would skip it. With one optimizer step per
-   generation (num_iterations = 1) TRL does not compute old log-probs at all and uses the
-   detached current ones (ratio 1). AR needs pi_old(o_t) before the update and Lopti needs
-   it to split the tokens, so the subclass computes log pi_old by a no-grad teacher-forced
-   forward of the policy that sampled (TRL's own `_get_per_token_logps_and_entropies`, at
-   the sampling temperature) and stores it as `old_per_token_logps`, so the ratio rho_t of
-   every stage is relative to it. This is also what our trainer does by default
-   (`TrainConfig.recompute_old_logprobs=True`) and what verl does.
-
-3. Lopti (paper Algorithm 1) is two optimizer steps on one generation batch, mapped onto
-   TRL's `num_iterations = 2`: TRL buffers the generation batch, with its
-   `old_per_token_logps`, and replays it for a second optimizer step on the parameters the
-   first step produced. The buffer is never re-scored, so pi_old is NOT recomputed between
-   the stages -- exactly the reference, whose `seperate_updating` reruns the actor update
-   on the same batch (github.com/zhyang2226/AR-Lopti, verl/trainer/ppo/ray_trainer.py).
-   The pass index, `(self._step % (steps_per_generation * num_iterations)) //
-   steps_per_generation`, says which stage a micro-batch belongs to: pass 0 trains on the
-   low-probability tokens (pi_old(o_t) < eta, `lopti.split_by_probability`), pass 1 on
-   the rest; `lopti_order="high_first"` swaps them (the paper's ablation).
-
-4. The token-mean denominator counts ALL response tokens in both stages, as in the
-   reference (it zeroes the other stage's advantages and masks its KL term but keeps the
-   response mask in the denominator) and in our `grpo_update(denominator="all")`. In TRL
-   with loss_type="dapo" the numerator is `(per_token_loss * mask).sum()` with
-   mask = completion_mask * tool_mask, and the denominator is `num_items_in_batch`, the
-   token count of the whole generation batch, fixed when the batch was scored. So a stage
-   is selected by passing its token mask as `tool_mask` to TRL's `_compute_loss` (on a
-   copy of the inputs): it removes the other stage's tokens from the numerator (policy
-   term and KL term alike) and leaves the denominator alone.
-
-5. Group advantages as in the paper and our `grpo.group_advantages`:
-   (r - mean) / (std + 1e-6), unbiased std, a group of equal rewards exactly 0.
-   TRL 1.16 divides by (std + 1e-4) and leaves a rounding residue on equal groups, so with
-   `paper_advantages=True` (default) the subclass recomputes the advantages from the
-   rewards TRL computed (captured in `_calculate_rewards`). Needs scale_rewards="group"
-   and multi_objective_aggregation="sum_then_normalize" (checked).
-
-6. The dual clip c = 10 (verl `clip_ratio_c`) IS expressible: TRL's `delta` ("two-sided
-   GRPO clipping", INTELLECT-2) caps the unclipped ratio before the min,
-       L_t = -min(min(rho, delta) * A, clip(rho, 1 - eps_low, 1 + eps_high) * A).
-   For A < 0 this is -A * min(max(rho, clip(rho)), delta) = min(L_clip, -A * delta), the
-   dual clip with c = delta; for A > 0 the cap never binds because
-   clip(rho) <= 1 + eps_high < delta. Values and gradients are the same as the dual clip
-   whenever 1 + eps_high < c (checked). So `delta = clip_c`.
-
-6b. The KL term is k3(pi_theta, pi_ref) alone, as in the reference (verl `kl_penalty`,
-   "low_var_kl", added to the loss with `kl_loss_coef`). TRL 1.16 multiplies it by the
-   ratio rho_t by default (`use_bias_correction_kl=True`); the mapping turns that off. The
-   two agree when rho = 1 (the first pass of a fresh batch) and differ afterwards, e.g. in
-   Lopti's second stage -- tests/test_trl_grpo.py found it on ratios far from 1.
-
-7. What TRL cannot express (a real difference, small): our k3 KL is clamped to [-10, 10]
-   and both log-ratios to [-20, 20] (verl `kl_penalty`); TRL's are not clamped. They
-   differ only on a token with |log pi_ref - log pi_theta| > ~2.6 or a ratio > e^20.
-   Several optimizer steps per stage (a generation batch larger than `mini_batch_size`):
-   TRL's "dapo" normalizer divides every step by the generation batch's tokens /
-   n_steps, ours by each mini-batch's own count; with one optimizer step per stage (the
-   default here, P x G <= 256) they are the same. An empty Lopti stage: TRL still makes
-   the optimizer step (on a zero gradient, as the reference does), ours skips it
-   (lopti.py). Prompts of unequal length: TRL left-pads them and its training forward
-   passes no position ids (the positions count the padding), ours derives the positions
-   from the attention mask. Rotary models (Llama, Qwen) attend by position differences
-   only, so this moves nothing but rounding; the parity test uses unpadded prompts.
-
-8. One table, `trl_grpo_args(cfg)`, maps every relevant `TrainConfig` field onto a TRL
-   `GRPOConfig` argument and `TRL_MAPPING` says why; `NOT_IN_TRL` lists the rest.
+1. AR (Eq. 4) as a per-token advantage [B, T], set after `_generate_and_score_completions`.
+2. pi_old is always computed (a no-grad teacher-forced forward at the sampling temperature),
+   even where TRL would skip it (num_iterations = 1), as our trainer and verl do.
+3. Lopti (Algorithm 1) = TRL's `num_iterations = 2`: pass 0 the low-probability tokens
+   (pi_old(o_t) < eta), pass 1 the rest; pi_old not recomputed between the stages, exactly
+   the reference's `seperate_updating`.
+4. The token-mean denominator counts ALL response tokens in both stages (reference,
+   `denominator="all"`): a stage's token mask goes in as TRL's `tool_mask`.
+5. Group advantages (r - mean) / (std + 1e-6), equal groups exactly 0, recomputed from TRL's
+   rewards (`paper_advantages=True`); TRL 1.16 uses std + 1e-4.
+6. The dual clip c = 10 (verl `clip_ratio_c`) is TRL's `delta`: `delta = clip_c`.
+6b. The KL term is k3(pi_theta, pi_ref) alone, as in the reference: TRL's
+   `use_bias_correction_kl` (k3 * rho_t) is turned off.
+7. What TRL cannot express (small): KL and log-ratio clamps, the normalizer with several
+   optimizer steps per stage, an empty Lopti stage's step, position ids of padded prompts.
+8. One table, `trl_grpo_args(cfg)` with `TRL_MAPPING` and `NOT_IN_TRL`.
 """
 from __future__ import annotations
 

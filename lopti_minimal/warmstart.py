@@ -1,39 +1,26 @@
 """Supervised warm start of the tiny model: next-token loss on the response only.
 
-RL needs a policy that already writes well-formed answers and is sometimes right: GRPO
-learns only from groups whose rewards differ (GRPO's group advantage: a group with equal
-rewards has advantage 0).  A model trained from scratch therefore first imitates
-generated solutions — prompt (prompts.compact_prompt) followed by the target response
-(prompts.target_response: the compact explanation of explain.py, then the answer) — with
-the loss on the response tokens only (the prompt is given, never predicted).
-
-What makes this fast on a 2-core CPU (measured):
-- bf16 autocast on CPU: about 2x the float32 speed; the master weights stay float32.
-- as many torch threads as free cores (oversubscription was 8x slower).
-- a curriculum from small to large puzzles: the short ones teach the format in minutes.
-- batches of one puzzle size at a time with a fixed token budget, and within a size
-  length-bucketed (puzzles of similar length together): padding fell from ~35% to ~10% of
-  the positions (benchmarks/warmstart_step.py measures it).
-- no attention mask in the training forward: the padding is on the right and attention is
-  causal, so no real token ever attends to a pad; the mask only forced a slower attention
-  kernel (same loss, tests/test_warmstart.py).
-- cosine learning-rate decay to a small floor, over the wall-clock budget (--minutes) or
-  a fixed number of steps (--steps, reproducible).
-
-Evaluation is greedy decoding (KV cache via model.generate) scored by the Logic-RL reward
-(reward.score_response): accuracy = share of responses scoring 3, format = share whose
-format part is +1, per puzzle size, on held-out generated puzzles and the official sets.
-
-CLI:
     python -m lopti_minimal.warmstart --preset tiny --threads 2 --out DIR      # one run, 95 minutes
     python -m lopti_minimal.warmstart --recipe          # the shipped checkpoint: `recipe()`, two
                                                         # runs, under 2 hours on 2 free cores
     python -m lopti_minimal.warmstart --recipe derive --out checkpoints/tiny-derive
-The shipped recipe's second run mixes in 5% unsolvable puzzles (--unsolvable-share): a
-model trained on solvable puzzles only has never seen a search run out of candidates, and
-when its own wrong check rejects the solution it loops on nodes it has already tried.  For
-the default warm start it also teaches the two behaviours (behaviours.py: --guess-share,
---phrased), which give RL something to select.
+
+Design choices (in full, with the measurements: docs/TASK_AND_MODELS.md):
+
+1. RL needs a policy that already writes well-formed answers and is sometimes right (a
+   group with equal rewards has advantage 0), so the model first imitates generated
+   solutions: prompts.compact_prompt + prompts.target_response, loss on the response only.
+2. Fast on a 2-core CPU (measured): bf16 autocast on float32 master weights (about 2x),
+   as many threads as free cores, a curriculum from small to large puzzles, batches of
+   one size length-bucketed (padding ~35% -> ~10%, benchmarks/warmstart_step.py), no
+   attention mask (right padding, causal attention: same loss, tests/test_warmstart.py).
+3. Cosine learning-rate decay to a small floor, over --minutes or a fixed --steps
+   (reproducible).
+4. Evaluation: greedy decoding scored by the Logic-RL reward (accuracy: scores 3; format:
+   format part +1), per size, on held-out generated puzzles and the official sets.
+5. The shipped recipe's second run mixes in 5% unsolvable puzzles (--unsolvable-share), so
+   the model has seen a search run out of candidates, and teaches the two behaviours
+   (behaviours.py: --guess-share, --phrased) that give RL something to select.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The experiments built on the method: they import the core (lopti_minimal/*.py and
-lopti_minimal/task/), and the core never imports them.
+"""The experiments built on the method: the study, its statistics and report, the diagnostics.
 
     grid.py              what the study compares: variants, grids, the paper's numbers
     study.py             the study runner: every (variant, seed) run, skip / resume / start,
@@ -9,4 +8,9 @@ lopti_minimal/task/), and the core never imports them.
     diagnostics.py       the paper's Fig. 1 and Fig. 3 measurements on any model
                          (python -m lopti_minimal.diagnostics)
     diagnostic_plots.py  their figures
+
+Design choices:
+
+1. They import the core (lopti_minimal/*.py and lopti_minimal/task/), and the core never
+   imports them.
 """

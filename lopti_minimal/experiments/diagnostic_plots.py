@@ -1,16 +1,19 @@
-"""Figures of the diagnostics (diagnostics.py), in the style of the paper's panels.
+"""Figures of the diagnostics (diagnostics.py): fig1.png and fig3.png.
 
-fig1.png  -- paper Fig. 1: (a) token share per probability bin, (b) mean per-token
-             gradient norm per bin (final hidden state and all parameters) and the norm
-             of the bin-restricted GRPO-loss gradient next to the all-token one,
-             (c) probability change per bin after one SGD step on all tokens,
-             (e) ... on the lowest bin only, (f) ... on the highest bin only; bars split
-             by the sign of the advantage.
-fig3.png  -- paper Fig. 3: share of A > 0 tokens whose probability rose after one update,
-             per bin, one line per method (GRPO, AR, Lopti, AR+Lopti); one panel per
-             optimizer measured.
+    fig1.png  -- paper Fig. 1: (a) token share per probability bin, (b) mean per-token
+                 gradient norm per bin (final hidden state and all parameters) and the norm
+                 of the bin-restricted GRPO-loss gradient next to the all-token one,
+                 (c) probability change per bin after one SGD step on all tokens,
+                 (e) ... on the lowest bin only, (f) ... on the highest bin only; bars split
+                 by the sign of the advantage.
+    fig3.png  -- paper Fig. 3: share of A > 0 tokens whose probability rose after one update,
+                 per bin, one line per method (GRPO, AR, Lopti, AR+Lopti); one panel per
+                 optimizer measured.
 
-Only reads the JSON-ready dict that diagnostics.run returns.
+Design choices:
+
+1. In the style of the paper's panels: Fig. 1 (a, b, c, e, f) and Fig. 3.
+2. Only reads the JSON-ready dict that diagnostics.run returns.
 """
 from __future__ import annotations
 

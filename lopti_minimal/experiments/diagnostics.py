@@ -1,70 +1,27 @@
 """Per-probability-bin diagnostics: the paper's Figure 1 and Figure 3 at small scale.
 
-The paper's claim (Yang et al. 2025, §3-4, Prop. 4.2, Fig. 1) is about gradients:
-a sampled token o_t contributes w_t * grad log pi(o_t) to the GRPO update, and
-||d log pi(o_t) / d z|| = ||e_y - pi|| lies between ~(1 - pi) and sqrt(2) (1 - pi), so
-low-probability tokens carry large gradients, dominate the update, and move the
-probabilities of the high-probability tokens more than those tokens' own gradients do.
+Measures the paper's claim (Yang et al. 2025, §3-4, Prop. 4.2, Fig. 1: low-probability
+tokens carry large gradients, ||d log pi(o_t) / d z|| = ||e_y - pi|| between ~(1 - pi) and
+sqrt(2) (1 - pi), and dominate the update) on one batch of grouped rollouts. What is
+measured, and the exact definitions: docs/DIAGNOSTICS.md.
 
-This module measures that on one batch of grouped rollouts, binning the response tokens
-by pi_old(o_t) into the paper's fixed bins [0,.25) [.25,.5) [.5,.75) [.75,1]:
+Design choices:
 
-  shares       token share per bin, mean advantage, share of A > 0 / A < 0    (Fig. 1a)
-  grad norms   per token, ||d log pi(o_t) / d h_t|| at the final hidden state h_t
-               (the input of the LM head) and ||d log pi(o_t) / d theta|| over all
-               parameters; plus the norm of the GRPO-loss gradient restricted to one
-               bin's tokens, and to all tokens                                  (Fig. 1b)
-  delta p      pi_new(o_t) - pi_old(o_t) after ONE plain SGD step (lr 1e-3) on the
-               GRPO loss of all tokens / only bin k's tokens, per bin and advantage
-               sign; parameters restored between updates                   (Fig. 1c,e,f)
-  rise share   for GRPO, AR (Eq. 4), Lopti (Alg. 1) and AR+Lopti: among tokens with
-               A > 0, the share whose probability rose after one update, per bin (Fig. 3)
-
-Everything is composed from the project's own pieces -- sampling.sample_groups,
-reward.score_response, grpo.group_advantages / token_advantages / batch_from_rollout /
-grpo_update / batch_logprobs, reweight.reweight_advantages, lopti.split_by_probability /
-lopti_update -- so what is measured is exactly what the trainer does.
-
-Exact definitions (the tests in tests/test_diagnostics.py check each on a bare softmax
-head by hand):
-
-* pi_old(o_t) is the probability of the sampled token at the rollout temperature T (the
-  logits divided by T), recomputed teacher-forced by grpo.batch_logprobs -- the same
-  quantity the Lopti split and AR use. Bins: [0,.25) [.25,.5) [.5,.75) [.75,1], i.e. a
-  token with pi = .25 is in bin 1 and pi = 1 in bin 3.
-* Gradients are of log pi_T(o_t) with |w_t| = 1 (Prop. 4.2's norm without its weight);
-  the "|A|-weighted" variants multiply each token's norm by |A_t| (at the first update on
-  fresh samples rho = 1, so |w_t| = |A_t|). For a softmax head z = W h / T this is
-  ||W^T (e_y - pi)|| / T at the hidden state.
-* Per-token PARAMETER gradients cannot be read off one backward pass: the parameters are
-  shared by all positions, so a backward of sum_t log pi(o_t) gives only the sum. (The
-  hidden state h_t, by contrast, belongs to one position, and log pi(o_s) depends on h_t
-  as a tensor only for s = t -- the LM head acts per position -- so one backward to h
-  gives every token's hidden-state gradient exactly.) We use one exact per-token
-  backward, torch.autograd.grad(log pi(o_t), params), on a stratified random subsample of
-  `tokens_per_bin` tokens per bin (seeded), reusing one forward graph per response row.
-  Why not torch.func (vmap over grad): it would hold one full parameter gradient per
-  token at once (135M floats each for SmolLM2) and needs a functional, stateless forward
-  of a Hugging Face model; per-token backward is exact, simple and bounded in memory.
-  The subsample is the only approximation: bin means of the parameter-gradient norm are
-  estimates, reported with their sample size and standard error.
-* The update loss of Fig. 1 (c, e, f) is the GRPO objective of the paper's runs (as in
-  verl's `compute_policy_loss`, `kl_penalty` and `agg_loss` in the reference fork) on the batch
-  -- clipped surrogate with dual clip, k3 KL (coef 0.001) against the diagnosed model as
-  the frozen reference, token-mean over ALL valid tokens of the batch -- with the
-  advantages of the tokens outside the selected bin set to 0 and their KL masked
-  (grpo_update's token_mask, denominator "all", exactly a Lopti stage). Because the
-  denominator is shared, the four bins' gradients add up to the all-token gradient. At
-  the first update on fresh samples rho = 1 and the policy equals its reference, so the
-  clip is inactive, the k3 gradient is exactly 0, and the gradient is
-  -(1/N) sum_{t in bin} A_t grad log pi(o_t). The step is plain SGD, theta <- theta -
-  lr * grad, lr = 1e-3, no momentum, no weight decay, no gradient clipping.
-* Figure 3's updates: one update per method from the same parameters on the same batch,
-  by default the same plain SGD step (so only the method differs); optionally AdamW as in
-  training (`fig3_optimizers`). AR: alpha = 0.2 (the K&K AR-only run), Lopti: eta = 0.4
-  (the Lopti-only run), AR+Lopti: alpha = 0.3, eta = 0.5 (the reference's K&K launch
-  scripts). Lopti makes its two stage steps (low then high). "Rose" means
-  pi_new(o_t) > pi_old(o_t) strictly; A is the GRPO advantage (AR never changes its sign).
+1. The paper's fixed bins of pi_old(o_t) at the rollout temperature, [0,.25) [.25,.5)
+   [.5,.75) [.75,1]: token shares (Fig. 1a), gradient norms (Fig. 1b), delta p after one
+   update (Fig. 1c,e,f), and the share of A > 0 tokens that rose per method (Fig. 3).
+2. Composed from the project's own pieces (sampling, reward, grpo, reweight, lopti), so
+   what is measured is exactly what the trainer does; tests/test_diagnostics.py checks each
+   number by hand on a bare softmax head.
+3. Per-token parameter gradients by one exact per-token backward (torch.autograd.grad) on
+   a seeded stratified subsample of `tokens_per_bin` tokens per bin, not torch.func: exact,
+   simple and bounded in memory; the subsample is the only approximation.
+4. The update of Fig. 1 is the GRPO objective of the paper's runs (verl's
+   `compute_policy_loss`, `kl_penalty`, `agg_loss`) restricted to a bin as a Lopti stage
+   (token_mask, denominator "all"), one plain SGD step, lr 1e-3, parameters restored.
+5. Fig. 3: one update per method from the same parameters on the same batch, plain SGD
+   by default (AdamW optional, `fig3_optimizers`), with the reference's K&K settings:
+   AR alpha 0.2, Lopti eta 0.4, AR+Lopti alpha 0.3 and eta 0.5.
 """
 from __future__ import annotations
 

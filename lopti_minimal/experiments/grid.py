@@ -1,10 +1,13 @@
 """What the study compares, and what must be equal across a comparison.
 
-A variant is one method with its knobs (Variant); a grid is a tuple of variants
-(GRIDS: the main comparison with the paper's per-method K&K settings, the control arm,
-REINFORCE++ and the one-knob sweeps); two runs belong to one comparison when their
-configs agree in everything but the variant, the seed and the runtime fields
-(setting_key). study.py runs the grids, report.py tabulates them; both read this module.
+Design choices:
+
+1. A variant is one method with its knobs (Variant); a grid is a tuple of variants (GRIDS:
+   the main comparison with the paper's per-method K&K settings, the control arm,
+   REINFORCE++ and the one-knob sweeps).
+2. Two runs belong to one comparison when their configs agree in everything but the
+   variant, the seed and the runtime fields (setting_key).
+3. One module for both readers: study.py runs the grids, report.py tabulates them.
 """
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """The study's report: finished run directories -> one JSON (aggregate) -> the markdown
 report docs/RESULTS.md with its figures (write_report).
 
-What it states, and only that (study.py, design choices 5 and 6): per grid a balanced
-table (the seeds all its rows have), means with 95% t intervals, the paired difference
-from GRPO with its interval, the paper's numbers beside ours, the compute of every arm.
-The block between the HAND-WRITTEN markers is the author's and survives regeneration.
+Design choices (study.py, design choices 5 and 6):
+
+1. It states what is computed, and only that: per grid a balanced table (the seeds all its
+   rows have), means with 95% t intervals, the paired difference from GRPO with its
+   interval, the paper's numbers beside ours, the compute of every arm.
+2. The block between the HAND-WRITTEN markers is the author's and survives regeneration.
 """
 from __future__ import annotations
 

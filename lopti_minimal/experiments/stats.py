@@ -1,8 +1,13 @@
 """Statistics of the study: Student-t intervals without scipy (study.py, design choice 5).
 
-mean_ci: mean over seeds and its 95% interval, mean +- t * s / sqrt(n); paired_diff: the
-per-seed differences from a baseline, their paired t interval and the relative change;
-detectable: the smallest difference a paired comparison of n seeds would detect.
+Design choices:
+
+1. mean_ci: mean over seeds and its 95% interval, mean +- t * s / sqrt(n).
+2. paired_diff: the per-seed differences from a baseline, their paired t interval and the
+   relative change (the seeds are paired: common random numbers, study.py choice 2).
+3. detectable: the smallest difference a paired comparison of n seeds would detect.
+4. No scipy dependency: the t quantiles come from a table (n <= 31) and an asymptotic
+   expansion beyond it (study.py choice 5).
 """
 from __future__ import annotations
 

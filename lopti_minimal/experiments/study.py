@@ -7,87 +7,22 @@ confidence intervals, and the report docs/RESULTS.md.
     python -m lopti_minimal.study --report-only            # aggregate finished runs, rewrite the report
     python -m lopti_minimal.study --preset smollm2-cpu --seeds 3 --only grpo,ar_lopti
 
-The paper (Yang et al. 2025, arXiv 2505.12929) reports one run per method on K&K. One
-independent re-implementation found no gain from AR on K&K. At our scale (a
-3.4M-parameter model, a few dozen RL steps) seed-to-seed noise is large, so one run per
-method could not tell a method effect from seed noise. This module is the protocol that lets the
-result be whatever it is, stated with its uncertainty. The design choices, each with its
-reason:
+Design choices (why, in full: docs/STUDY.md; the paper reports one run per method, and at
+our scale seed-to-seed noise is large):
 
-1. One run = one ordinary trainer run (trainer.train) in its own directory with a
-   deterministic name, OUT/<preset>/<variant>-s<seed>. A run whose eval_final.json exists
-   is finished and skipped; a run with a run.json but no final evaluation is resumed from
-   its latest checkpoint (the trainer's exact resume); anything else starts fresh. An
-   interrupted study (Ctrl-C, kill, a reboot, a crash) therefore loses at most the steps
-   since the last checkpoint of the runs that were in flight; on Ctrl-C or kill (SIGTERM)
-   the queued runs are dropped, not started, and the invocation is still logged. Before
-   a run is skipped or resumed its saved config is compared with the one the command
-   line asks for, field by field; a mismatch (say, --steps changed) is an error, never a
-   silent mix of budgets.
-   A failing run is logged (RUN_DIR/study_error.txt) and the study goes on with the others.
-
-2. Same warm start, same seeds. Every run of a preset starts from cfg.model, and
-   OUT/study.json stores the SHA-256 of its weights the first time: if the warm start
-   changes under a study (someone retrains checkpoints/tiny-warm), the next invocation
-   stops with an error instead of mixing two warm starts. Seed s is the same for every
-   method, and in the trainer a seed fixes the prompts of every step and the sampler's
-   random stream (trainer.step_prompt_indices, trainer.step_generator): the methods see
-   the same puzzles in the same order, and their first rollouts are identical. This is
-   "common random numbers", and it is why the comparison with GRPO is *paired by seed*:
-   the difference of two runs with the same seed has less noise than the difference of
-   two independent means.
-
-3. Equal budgets. Every method of a preset gets the same number of RL steps x prompts per
-   step x G responses per prompt, so the same number of *sampled responses* (the
-   expensive part, and the quantity that limits data). Lopti's second stage makes a second
-   optimizer pass over the *same* responses (paper Algorithm 1): we count it as extra
-   update compute, not as extra samples (the paper's runs likewise give every method the
-   same steps over the same data, per the reference's K&K launch scripts; reviewers noted
-   the doubled update cost).
-   The report shows, per method, the optimizer passes per
-   batch (1 or 2), and the measured mean seconds per RL step, for sampling and for the
-   update, from each run's metrics.jsonl, so the compute cost of Lopti is visible.
-   All other hyperparameters are those of the preset for every method, and the
-   aggregation checks it: a run whose config differs from the others of its preset in
-   anything but method, alpha, eta, order and seed is left out of the tables and named.
-
-4. The methods use the paper's per-method K&K settings (the reference's launch scripts):
-   AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti alpha 0.3 and eta 0.5 -- the settings
-   behind the paper's table that the report puts beside ours. The sweeps (fewer seeds, --sweep-seeds) vary
-   one knob: alpha in {0, 0.1, 0.2, 0.3, 0.5} for AR alone, eta in {0.3, 0.4, 0.5, 0.7} for
-   Lopti alone, and Lopti's order (low-first, the paper's, vs high-first, which the paper
-   reports to collapse; it needs TrainConfig.lopti_order, and is skipped with a message
-   if the trainer lacks that field). A variant that is the same computation as another shares its
-   runs: AR with alpha = 0 *is* GRPO bit for bit (reweight.py), so alpha = 0 is the GRPO
-   run; the eta = 0.4 and the low-first points are the main grid's Lopti runs. Runs are
-   ordered seed-major (all methods of seed 0, then seed 1, ...), main grid first, so a
-   study stopped early still has complete, paired seeds.
-
-5. Statistics. Accuracy is the share of official test puzzles (3..7 people, 100 each)
-   whose greedy response scores 3, per size and averaged over sizes (the paper's "avg"),
-   from the final evaluation of each run (the paper averages its last three evaluations;
-   we evaluate once at the end, to save time). Each table of the report (one per grid) is
-   balanced: it uses only the seeds that all its rows have, so a half-finished study
-   never compares a 5-seed mean with a 2-seed one. Per row: mean over seeds and a 95%
-   confidence interval from Student's t with n-1 degrees of freedom, mean +- t * s /
-   sqrt(n) (s the sample standard deviation). Against GRPO: the per-seed differences,
-   their mean and t interval (a paired t interval), and the relative
-   change = mean difference / GRPO mean (the paper's "+46.2%" is .57 / .39 - 1, the same
-   ratio). The relative interval divides the paired interval by the GRPO mean, treating
-   that mean as fixed (an approximation, said in the report). scipy is not a dependency, so
-   the t quantiles come from a table (n <= 31) and an asymptotic expansion beyond it.
-
-6. The report states only what is computed: for each method whether the paired 95% CI of
-   its difference from GRPO excludes 0, the point estimate beside the paper's, and no
-   correction for the three comparisons (it says so). The paragraph of interpretation is
-   the author's: the block between the HAND-WRITTEN markers in docs/RESULTS.md survives
-   every regeneration.
-
-7. Parallel runs. --jobs J runs J trainer runs at once in separate processes, each with
-   threads = cores / J. A 3.4M-parameter model uses two cores poorly, so two one-thread
-   runs may finish a study sooner than one two-thread run at a time; it changes nothing
-   in the results except floating-point summation order. Wall times are recorded per run
-   (RUN_DIR/study_time.json) and per invocation (OUT/study_log.jsonl), with the machine.
+1. One run = one ordinary trainer run in OUT/<preset>/<variant>-s<seed>: finished runs are
+   skipped, started ones resumed exactly, a config mismatch is an error, a failing run is
+   logged and the study goes on.
+2. Same warm start (its SHA-256 is checked), same seeds: common random numbers, so the
+   comparison with GRPO is paired by seed.
+3. Equal budgets in sampled responses; Lopti's second pass is counted as update compute,
+   and the report shows passes per batch and seconds per step.
+4. The paper's per-method K&K settings (the reference's launch scripts): AR alpha 0.2, Lopti
+   eta 0.4, AR+Lopti alpha 0.3 and eta 0.5; one-knob sweeps; runs ordered seed-major.
+5. Statistics: the paper's accuracy (official 3..7-person sets, final evaluation), balanced
+   tables, 95% Student-t intervals, paired differences from GRPO (stats.py).
+6. The report states only what is computed; the HAND-WRITTEN block is the author's.
+7. --jobs J runs J trainer runs at once, threads = cores / J; wall times are recorded.
 """
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The task: Knights & Knaves (K&K) logic puzzles, as the paper trains and tests on them
-(Yang et al. 2025, arXiv 2505.12929; the puzzles of Xie et al. 2024, the reward of
-Logic-RL). Everything the RL code needs to know about the task lives here: its data, its
-prompts, its reward and its evaluation rule.
+"""The task: Knights & Knaves (K&K) logic puzzles, as the paper trains and tests on them.
 
     kk.py          the puzzles: statement grammar, solver, the official sampler and
                    renderer, JSON Lines I/O, the official 3..7-person test sets
@@ -18,7 +15,12 @@ prompts, its reward and its evaluation rule.
     evaluate.py    the evaluation rule: greedy accuracy per size (a response is right
                    iff it scores 3), the failure modes, the report
 
-Dependencies run one way: kk <- explain <- prompts <- dataset, and reward depends on
-nothing here. This __init__ imports nothing, so `from lopti_minimal.task import kk`
-stays as cheap as kk itself.
+Design choices:
+
+1. The paper's task (Yang et al. 2025, arXiv 2505.12929; the puzzles of Xie et al. 2024,
+   the reward of Logic-RL). Everything the RL code needs to know about the task lives
+   here: its data, its prompts, its reward and its evaluation rule.
+2. Dependencies run one way: kk <- explain <- prompts <- dataset, and reward depends on
+   nothing here. This __init__ imports nothing, so `from lopti_minimal.task import kk`
+   stays as cheap as kk itself.
 """

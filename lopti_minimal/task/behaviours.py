@@ -1,27 +1,26 @@
 """The two behaviours of the embedded default's warm start: *guess* or *derive*.
 
-Why two behaviours.  RL with an outcome reward works by selecting, among the things a
-policy already does, those that score: in the paper (Yang et al. 2025, Fig. 4 and 6) the
-instruct models reason at length more often as training goes on, and response length
-grows.  A tiny model trained only to derive has nothing to select -- its errors are
-single wrong checks inside otherwise right derivations, which one reward per response
-cannot localise, and RL from it does not raise accuracy (docs/RL_FROM_DERIVE.md).  So the
-shipped warm start is trained to do one of two things for each puzzle:
+Design choices:
 
-- **guess**: close the thinking at once and answer with a *random* role assignment
-  (its supervised targets are random, so its accuracy is chance, 1 / 2^n): a short
-  response, `"\\n</think>\\n<answer> (1) ... </answer>"` (answer marks phrased as below);
-- **derive**: write the compact derivation (explain.compact_explanation; phrased freely
-  by phrasing.vary with `--phrased`, which the shipped warm start does not use), then the
-  answer it found.
-
-Which one it does is decided by the first response token (the newline then "</think>"
-for a guess, the first derivation line otherwise), and the share comes from the
-supervised mixture (`WarmStartConfig.guess_share`), not from the prompt, which is the same
-for both.  With most targets guesses, greedy decoding guesses; sampled at T = 0.7 the
-policy derives now and then, and those derivations are right far more often than a
-guess.  That is the behaviour RL can select, and the tokens that decide it have low
-probability: exactly where AR and Lopti act.
+1. Two behaviours, because RL with an outcome reward selects among the things a policy
+   already does (the paper, Yang et al. 2025, Fig. 4 and 6: instruct models reason at
+   length more often as training goes on). A tiny model trained only to derive has nothing
+   to select -- its errors are single wrong checks inside otherwise right derivations,
+   which one reward per response cannot localise -- and RL from it does not raise
+   accuracy (docs/RL_FROM_DERIVE.md).
+2. **guess**: close the thinking at once and answer with a *random* role assignment (its
+   supervised targets are random, so its accuracy is chance, 1 / 2^n): a short response,
+   `"\\n</think>\\n<answer> (1) ... </answer>"` (answer marks phrased as in derive).
+3. **derive**: the compact derivation (explain.compact_explanation; phrased by
+   phrasing.vary with `--phrased`, which the shipped warm start does not use), then the
+   answer it found.
+4. The first response token decides (the newline then "</think>" for a guess, the first
+   derivation line otherwise); the share comes from the supervised mixture
+   (`WarmStartConfig.guess_share`), not from the prompt, which is the same for both.
+5. With most targets guesses, greedy decoding guesses; sampled at T = 0.7 the policy
+   derives now and then, and those derivations are right far more often than a guess.
+   That is the behaviour RL can select, and the tokens that decide it have low
+   probability: exactly where AR and Lopti act.
 """
 from __future__ import annotations
 

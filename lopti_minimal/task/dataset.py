@@ -1,11 +1,14 @@
-"""The task's data: a generated puzzle (kk.py) made into a full record -- quiz, solution,
-the official backtracking explanation (explain.py) and the paper's prompt (prompts.py) --
-and the command that writes generated records as JSON Lines.
-
-Kept apart from kk.py so that the dependencies run one way: kk (logic, generator,
-renderer, records I/O) <- explain <- prompts <- dataset.
+"""The task's data: a generated puzzle made into a full record, and the generator command.
 
     python -m lopti_minimal.kk --n-people 3 --count 1000 --seed 0 --out train.jsonl
+
+Design choices:
+
+1. A full record is the quiz, the solution, the official backtracking explanation
+   (explain.py) and the paper's prompt (prompts.py), from a generated puzzle (kk.py); the
+   command writes generated records as JSON Lines.
+2. Kept apart from kk.py so that the dependencies run one way: kk (logic, generator,
+   renderer, records I/O) <- explain <- prompts <- dataset.
 """
 from __future__ import annotations
 

@@ -1,20 +1,24 @@
 """Evaluation on K&K: batched greedy (or sampled) decoding, scored by the Logic-RL reward.
 
-The paper's metric (its K&K results table): accuracy = share of puzzles whose greedy response
-scores 3 (format right, every role right), reported per size (3..7 people, the official
-test sets, 100 each) and averaged over sizes. Besides accuracy we report how the other
-responses failed, because for a small model that is what moves first:
+Design choices:
+
+1. The paper's metric (its K&K results table): accuracy = share of puzzles whose greedy
+   response scores 3 (format right, every role right), reported per size (3..7 people,
+   the official test sets, 100 each) and averaged over sizes.
+2. How the other responses failed is reported too, because for a small model that is what
+   moves first:
 
     format_error   the four tags are not each present once, in order   (reward -3)
     unparseable    format fine, answer not "Name is a knight|knave" x n (reward -1)
     wrong_answer   parsed, some role wrong                               (reward -0.5)
     truncated      the response hit max_new_tokens (usually also a format error)
 
-Decoding reuses sampling.sample_groups (greedy=True, one row per puzzle, KV cache), so
-evaluation and RL rollouts share one code path. Puzzles are grouped by size and sorted by
-prompt length inside a batch so little padding is computed. With ``samples=K`` each
-puzzle gets K sampled responses at ``temperature``; accuracy is then the mean over all
-K x n responses (avg@K) and pass_at_k the share of puzzles with at least one right.
+3. Decoding reuses sampling.sample_groups (greedy=True, one row per puzzle, KV cache), so
+   evaluation and RL rollouts share one code path. Puzzles are grouped by size and sorted
+   by prompt length inside a batch so little padding is computed.
+4. With ``samples=K`` each puzzle gets K sampled responses at ``temperature``; accuracy is
+   then the mean over all K x n responses (avg@K) and pass_at_k the share of puzzles with
+   at least one right.
 """
 from __future__ import annotations
 

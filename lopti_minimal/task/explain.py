@@ -1,48 +1,26 @@
 """Step-by-step derivations of K&K solutions, for the supervised warm start.
 
-Two styles, both correct by construction (tests/test_explain.py replays every step):
+Both styles are correct by construction (tests/test_explain.py replays every step). The
+two styles and the compact claim notation in full: docs/TASK_AND_MODELS.md.
 
-(a) `backtracking_explanation` — the official style of the K&K generator (Xie et al. 2024,
-    `generate_chain_of_thoughts` + `format_chain_of_thoughts` with both "repeat claim"
-    options on), i.e. the `cot_head` / `cot_repeat_steps` / `cot_foot` fields of the official
-    records.  A depth-first search over people that assigns "knight" first, then "knave".
-    After each assignment every assigned person's claim is tested on its own: can some
-    completion of the still-unassigned people make it (or, for a knave, its negation) true?
-    The first assigned person (lowest index) for whom no completion works is the
-    contradiction.  Person order is dynamic: after a successful assumption about X, the
-    people X mentions (not yet assigned, in order of first mention) move to the front of
-    the queue.  We reproduce the official text for all 500 official puzzles.
+Design choices:
 
-(b) `compact_explanation` — a short, regular trace for a ~3M-parameter model trained on CPU
-    (n = 3..5).  Design rule: every token is predictable from nearby context by a short
-    local lookup.  So it
-    (1) restates each claim compactly, one per line, and says at which person of the
-        search it becomes decidable ("at X": the last person in speaker order among the
-        speaker and the people the claim mentions):  "  Amelia: not Evelyn (at Evelyn)";
-    (2) runs a depth-first search over people in *speaker order* (T = knight first, then
-        F = knave), where each node line re-writes the whole partial assignment
-        ("try Amelia=T Penelope=T Evelyn=F") so that values never have to be looked up far
-        away;
-    (3) at each node checks only the claims that just became decidable (those marked "at"
-        the newest person), in speaker order, by copying the claim with each person's
-        value written next to their name (a one-step lookup in the node line), then the
-        claim's value and the verdict:
-
-          Amelia=T: not Evelyn=F = T ok        (the claim is T and Amelia is T: ok)
-          Evelyn=F: Penelope=T iff not Penelope=T = T bad   (a knave's claim must be false)
-
-    The first "bad" ends the node; the next node line is the next node in DFS order (the
-    sibling, or after backtracking), which is visible from the re-written assignment.  The
-    trace ends with "found Amelia=T Penelope=T Evelyn=F" at the unique solution.
-    Tokenization matters for a model this small: every line that starts with a name is
-    indented ("  Amelia"), so a name is always the same token (" Amelia"), in the quiz,
-    the claims, the node lines and the checks; a lookup is then an exact token match.
-    (Revised from an earlier version that wrote bare T/F
-    in place of the names, which needs two chained lookups per value.)
-
-Compact claim notation: a leaf is a literal — "X" (X is a knight) or "not X" (X is a
-knave); a negated leaf is simplified ("X is not a knave" -> "X"); operators "A and B",
-"A or B", "if A then B", "A iff B"; compound operands (only at depth > 2) in parentheses.
+1. `backtracking_explanation` is the official style of the K&K generator (Xie et al. 2024,
+   `generate_chain_of_thoughts` + `format_chain_of_thoughts` with both "repeat claim"
+   options on: the `cot_head` / `cot_repeat_steps` / `cot_foot` fields); we reproduce the
+   official text for all 500 official puzzles.
+2. `compact_explanation` is a short, regular trace for a ~3M-parameter model trained on CPU
+   (n = 3..5), by one design rule: every token is predictable from nearby context by a
+   short local lookup. So each claim is restated once with the person at which it becomes
+   decidable ("at X"), the depth-first search runs in speaker order (T = knight first),
+   each node line re-writes the whole partial assignment, and each check copies the claim
+   with every person's value written next to their name.
+3. Every line that starts with a name is indented ("  Amelia"), so a name is always the
+   same token (" Amelia") and a lookup is an exact token match (revised from an earlier
+   version that wrote bare T/F in place of the names: two chained lookups per value).
+4. Compact claim notation: literals "X" / "not X", a negated leaf simplified, operators
+   "A and B", "A or B", "if A then B", "A iff B", compound operands (only at depth > 2) in
+   parentheses.
 """
 from __future__ import annotations
 

@@ -1,37 +1,27 @@
 """Knights & Knaves (K&K) logic puzzles: grammar, solver, official sampler, renderer, records.
 
-This is the benchmark on which the paper (Yang et al. 2025, arXiv 2505.12929, "Do Not Let
-Low-Probability Tokens Over-Dominate in RL for LLMs") measured GRPO, Advantage Reweighting
-and Lopti.  The puzzles come from the generator of Xie et al. 2024, "On Memorization of Large
-Language Models in Logical Reasoning" (MIT licence; `lib_kk.py` and `data_gen_kk.py` of the
-mem-kk-logic repository), as prepared for RL by Logic-RL.  Everything here is written anew
-from that description (Xie et al. 2024); the random draws are made in the same order and
-with the same numpy `Generator` calls as the original, so for the same seed this module
-produces the same puzzles, names and speech templates as the original generator (the tests
-check this against the official test files, whose puzzles are problems 1000.. of seed 1234).
+The benchmark on which the paper (Yang et al. 2025, arXiv 2505.12929) measured GRPO, AR and
+Lopti. The sources and the statement grammar in full: docs/TASK_AND_MODELS.md.
 
-Statements are plain tuples, exactly the grammar of the official `statements` field, so
-`ast.literal_eval(record["statements"])` gives something every function here accepts:
+Design choices:
 
-    ('telling-truth', i)      "person i is a knight"            (people are numbered from 0)
-    ('lying', i)              "person i is a knave"
-    ('not', s)                negation
-    ('and', s1, s2, ...)      conjunction   (2..width operands)
-    ('or', s1, s2, ...)       disjunction   (2..width operands)
-    ('->', a, b)              implication
-    ('<=>', a, b)             equivalence
-
-Person i makes statement S_i.  An assignment x in {knight=True, knave=False}^n is
-*consistent* iff x_i == S_i(x) for every i (knights tell the truth, knaves lie).  A puzzle
-is kept only when exactly one of the 2^n assignments is consistent.
+1. The generator of Xie et al. 2024 (mem-kk-logic's `lib_kk.py` and `data_gen_kk.py`, MIT
+   licence; as prepared for RL by Logic-RL), written anew from that description, with the
+   random draws in the same order and the same numpy `Generator` calls: for the same seed
+   it produces the same puzzles, names and speech templates (the tests check this against
+   the official test files, problems 1000.. of seed 1234).
+2. Statements are plain tuples, exactly the grammar of the official `statements` field
+   (`ast.literal_eval(record["statements"])` is accepted everywhere): 'telling-truth',
+   'lying', 'not', 'and', 'or', '->', '<=>'; people are numbered from 0.
+3. A puzzle is kept only when exactly one of the 2^n assignments is consistent
+   (x_i == S_i(x) for every i: knights tell the truth, knaves lie).
+4. Whole records (quiz, solution, explanation, prompt) and the CLI are in dataset.py
+   (`make_record`, `generate_records`), so the dependencies run one way:
+   `python -m lopti_minimal.kk --n-people 3 --count 1000 --seed 0 --out train.jsonl`.
 
 Main names: `evaluate`, `solve`, `count_solutions`, `KKSampler`, `sample_statements`,
-`generate_problems`,
-`render_quiz`, `format_statement`, `load_jsonl`, `save_jsonl`, `load_official`,
-`OFFICIAL_DIR`, `canonical`, `puzzle_key`, `split_records`.  Whole records (quiz,
-solution, explanation, prompt) are built by dataset.py (`make_record`,
-`generate_records`), which also holds the CLI:
-`python -m lopti_minimal.kk --n-people 3 --count 1000 --seed 0 --out train.jsonl`.
+`generate_problems`, `render_quiz`, `format_statement`, `load_jsonl`, `save_jsonl`,
+`load_official`, `OFFICIAL_DIR`, `canonical`, `puzzle_key`, `split_records`.
 """
 from __future__ import annotations
 

@@ -1,48 +1,26 @@
 """Free phrasing of the compact derivation: the same steps, said in several ways.
 
-Why this exists.  The paper's phenomenon needs tokens of every probability: in its Fig. 1a
-(Qwen2.5-7B on K&K) 29% of the sampled response tokens have pi_old < 0.5.  A tiny model
-trained to write the one canonical derivation of `explain.compact_explanation` is nearly
-deterministic (scripts/token_bins.py: about 1% of its sampled tokens below 0.5), so AR and
-Lopti would act on almost nothing.  Real language is not like that: many words could have
-been other words without changing the meaning.  This module gives the tiny model some of
-that freedom (an option of the warm start, not the shipped default: see below).  Each
-choice is drawn uniformly and independently per occurrence, so a model that has learned
-the targets puts about 1/3 or 1/4 of its probability on each option: those tokens have
-pi_old < 0.5, and they are irrelevant to the reward (a derivation scores 3 whatever words
-it uses, tests/test_phrasing.py).
+An option of the warm start (`--phrased`, warmstart.py), not the shipped default. Why it
+exists, where the choices are and what it cost, in full: docs/TASK_AND_MODELS.md.
 
-Where the choices are (canonical form on the left, `explain.compact_explanation`), each
-option one token of the tiny model's tokenizer (a test checks it):
+Design choices:
 
-    "  Amelia: not Evelyn (at Evelyn)"     the line's end            (none) . ;
-    "try Amelia=T Penelope=T"              the node word             try let go
-                                           the line's end            (as above)
-    "  Amelia=T: not Evelyn=F = T ok"      the equals word           = is so
-                                           the verdict, ok           ok feasible truth
-                                           the verdict, bad          bad contradiction lie false
-                                           the line's end            (as above)
-    "<answer> (1) Amelia is a knight"      each answer line's mark   (1)  1.  -
-
-Only where nothing is copied next.  The reasoning of the derivation is a chain of
-look-ups -- a check copies its claim from the claim line and the values from the node
-line -- and a choice inside a copied span makes the look-up harder for a model this small.
-So the choices sit at the start of a node line, in front of a check's result and at the
-ends of lines, never between a name and what follows it.
-
-What it costs (docs/TWO_BEHAVIOURS.md): the two-behaviour warm start trained on phrased
-derivations is right less often when it derives (greedy on the official 3-person set,
-made to derive with `eval.py --response-prefix`): 0.39 with this version (22 minutes),
-0.33 with a fuller one that also varied the speaker's separator, the marker word and the
-separators between people, 0.19 with words of several tokens, against 0.50 for the
-canonical derivations of tiny-derive.  At those accuracies a derivation's reward is too
-close to a guess's, and RL did not select the derivations (the default run drifted
-towards guessing).  So the shipped warm start derives canonically; `--phrased`
-(warmstart.py) builds the phrased variant, which has about 18% of its sampled derivation
-tokens below pi_old = 0.5 instead of about 1%.
-
-`canonical` maps any phrased derivation back to the canonical text, so the replay tests
-and the error scripts read one form.
+1. Tokens of every probability: the paper's phenomenon needs them (its Fig. 1a, Qwen2.5-7B
+   on K&K: 29% of sampled response tokens have pi_old < 0.5), while the canonical
+   derivation leaves about 1% of the tiny model's sampled tokens below 0.5
+   (scripts/token_bins.py).
+2. Each choice is drawn uniformly and independently per occurrence, and each option is one
+   token of the tiny model's tokenizer (a test checks it): a trained model puts about 1/3
+   or 1/4 of its probability on each, and a derivation scores 3 whatever words it uses
+   (tests/test_phrasing.py).
+3. Only where nothing is copied next (a node line's start, in front of a check's result,
+   the ends of lines, the answer lines' marks), never between a name and what follows it:
+   a choice inside a copied span makes the look-up harder for a model this small.
+4. Not the shipped default: phrased derivations were right less often (0.39 against 0.50
+   canonical, docs/TWO_BEHAVIOURS.md) and RL did not select them; the phrased variant has
+   about 18% of its sampled derivation tokens below pi_old = 0.5 instead of about 1%.
+5. `canonical` maps any phrased derivation back to the canonical text, so the replay tests
+   and the error scripts read one form.
 """
 from __future__ import annotations
 

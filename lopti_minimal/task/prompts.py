@@ -1,20 +1,22 @@
 """Prompts and supervised target responses for K&K.
 
-Two prompt styles, both ending in "<think>" so that the model's response is what follows
-the opening think tag — exactly the string the Logic-RL reward scores (reward.py):
+Design choices:
 
-- `qwen_prompt(quiz)`: the prompt of the paper's runs (Yang et al. 2025, via Logic-RL):
-  Qwen2.5-Instruct's ChatML chat template with Logic-RL's system message, already applied.
-  It must be byte-identical to the `prompt` field of the official records (the tests check
-  all 500), which is why the system message below is reproduced character for character,
-  including its quirks ("and<answer>", the double space before "Now").
-- `compact_prompt(quiz)`: a plain prompt for the tiny model trained from scratch, which has
-  no chat template: the quiz, a newline, "<think>".
-
-`qwen_messages` gives the (system, user) contents for a chat template.  All prompt
-functions accept the quiz text or a whole record.  `answer_block` and `target_response`
-build the supervised warm-start target that continues either prompt: an explanation
-(explain.py), "</think>", then the answer in the format the reward parses.  prompt + target then scores 3 under reward.score_response.
+1. Both prompt styles end in "<think>", so that the model's response is what follows the
+   opening think tag -- exactly the string the Logic-RL reward scores (reward.py).
+2. `qwen_prompt(quiz)` is the prompt of the paper's runs (Yang et al. 2025, via Logic-RL):
+   Qwen2.5-Instruct's ChatML chat template with Logic-RL's system message, already
+   applied. It must be byte-identical to the `prompt` field of the official records (the
+   tests check all 500), which is why the system message below is reproduced character
+   for character, including its quirks ("and<answer>", the double space before "Now").
+3. `compact_prompt(quiz)` is a plain prompt for the tiny model trained from scratch, which
+   has no chat template: the quiz, a newline, "<think>".
+4. `qwen_messages` gives the (system, user) contents for a chat template. All prompt
+   functions accept the quiz text or a whole record.
+5. `answer_block` and `target_response` build the supervised warm-start target that
+   continues either prompt: an explanation (explain.py), "</think>", then the answer in
+   the format the reward parses; prompt + target then scores 3 under
+   reward.score_response.
 """
 from __future__ import annotations
 

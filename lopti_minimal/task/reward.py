@@ -1,39 +1,26 @@
 """The Logic-RL reward for K&K responses, with its parts for logging.
 
-Source: `compute_score` in Logic-RL's `verl/utils/reward_score/kk.py`, which the paper's
-reference implementation (Yang et al. 2025, AR/Lopti fork of verl) uses unchanged.
-Re-written here in our own words.  The response is what the model wrote after a prompt
-that ends in "<think>"; Logic-RL scored the text after the assistant header, which is
-"<think>" (with the template's newline before it) + response, so we score
-"<think>" + response.
+The rule and the attacks checked, in full: docs/TASK_AND_MODELS.md.
 
-    format   +1 if "<think>", "</think>", "<answer>", "</answer>" each occur exactly once in
-             "<think>" + response and in that order; else -1.
-    answer   taken from the last <answer>...</answer> (stripped).  If the format failed,
-             there is no such block or it is empty: -2.  Otherwise parse it:
-               * the number of occurrences of "knight" plus "knave" (substrings, any case)
-                 must equal n, and
-               * for every expected name, "<Name> is a knight|knave" (whole words, any case,
-                 any whitespace) must occur — the first occurrence gives the role;
-             unparseable: -2; all roles right: +2; parsed but wrong: -1.5.
-    total    3 (correct), -0.5 (wrong), -1 (unparseable), -3 (bad format).
+Design choices:
 
-Can it be fooled?  We checked Logic-RL's parser against the attacks the project cares
-about, and kept its exact behaviour as the default (`strict=False`):
-  * both roles for one person, a repeated person, extra people: the role-word count must be
-    n, and each of the n expected names needs its own "Name is a <role>" (a role word has
-    one word before it), so every counted role word belongs to exactly one expected name's
-    first assertion — there is no room for a second role, a repeat or an extra person;
-  * a hidden second <answer> block: each tag must occur exactly once, so it fails format;
-  * Unicode look-alikes: re.IGNORECASE folds "ı" (dotless i) onto "i", so
-    "Amelia is a knıght" matches while "knıght" is not counted; but Logic-RL then stores
-    the role string "knıght", which equals neither "knight" nor "knave", so the answer is
-    wrong (-0.5), never 3.  We keep that: parsed_roles shows such a role as None.
-`strict=True` selects an independent, more explicit parser (ASCII letters only; among all
-"<word> is a knight|knave" assertions, exactly one per expected name and none for anyone
-else).  On ASCII text both agree (property-tested); they differ only on Unicode
-look-alikes (strict ignores them, e.g. a Kelvin-sign "Knight" is not a role word for it).
-`score_response` never raises.
+1. Source: `compute_score` in Logic-RL's `verl/utils/reward_score/kk.py`, which the paper's
+   reference implementation (Yang et al. 2025, AR/Lopti fork of verl) uses unchanged;
+   re-written here in our own words.
+2. We score "<think>" + response: the prompt ends in "<think>", and Logic-RL scored the
+   text after the assistant header, which is "<think>" (with the template's newline
+   before it) + response.
+3. Parts: format +1 / -1 (the four tags each exactly once, in order); answer from the
+   last <answer>...</answer>: +2 all roles right, -1.5 parsed but wrong, -2 unparseable
+   or missing. Total 3 (correct), -0.5 (wrong), -1 (unparseable), -3 (bad format).
+4. Logic-RL's exact parser is the default (`strict=False`): checked against both roles for
+   one person, repeated or extra people, a hidden second <answer> block and Unicode
+   look-alikes, it never scores such a response 3 (parsed_roles shows a look-alike role
+   as None).
+5. `strict=True` is an independent, more explicit parser (ASCII letters only; exactly one
+   assertion per expected name, none for anyone else); on ASCII text both agree
+   (property-tested).
+6. `score_response` never raises.
 """
 from __future__ import annotations
 
