@@ -170,7 +170,7 @@ class TrainConfig:
     eval_sizes: tuple = option((3, 4, 5, 6, 7), "official sizes to evaluate, e.g. 3,4",
                                type=parse_sizes)
     eval_per_size: int = option(100, "puzzles per size (the official sets have 100)")
-    eval_max_new_tokens: dict = option(factory=lambda: _eval_budget())
+    eval_max_new_tokens: dict = option(factory=_eval_budget)
     eval_batch_size: int = option(100, "puzzles per generate call in the evaluation")
     final_eval: bool = option(True, "skip the final evaluation", flag="--no-eval")
     eval_before: bool = option(False, "also evaluate the initial policy (eval_before.json)")
