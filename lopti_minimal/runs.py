@@ -36,12 +36,18 @@ def default_run_dir(cfg) -> str:
     return str(RUNS_ROOT / f"{stamp}-{cfg.preset}-{cfg.method}-s{cfg.seed}")
 
 
-def is_run_dir(path) -> bool:
-    p = Path(path) / "run.json"
+def saved_config(path) -> dict | None:
+    """The config a run directory was made with (run.json["config"], a dict), or None when
+    ``path`` is not one of our runs. The one reader of run.json."""
     try:
-        return json.loads(p.read_text()).get("kind") == RUN_MARKER
-    except (OSError, ValueError, AttributeError):
-        return False
+        saved = json.loads((Path(path) / "run.json").read_text())
+        return saved["config"] if saved.get("kind") == RUN_MARKER else None
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def is_run_dir(path) -> bool:
+    return saved_config(path) is not None
 
 
 def checkpoints(run_dir) -> list[tuple[int, Path]]:
@@ -57,8 +63,8 @@ def checkpoints(run_dir) -> list[tuple[int, Path]]:
 def resolve_model_source(path: str) -> tuple[str, dict | None]:
     """A run directory means its final policy (or, if unfinished, its latest checkpoint);
     returns (model source, the run's config as a dict or None)."""
-    if os.path.isdir(path) and is_run_dir(path):
-        cfg = json.loads((Path(path) / "run.json").read_text())["config"]
+    cfg = saved_config(path) if os.path.isdir(path) else None
+    if cfg is not None:
         if (Path(path) / "final" / "config.json").exists():
             return str(Path(path) / "final"), cfg
         ck = checkpoints(path)

@@ -44,7 +44,7 @@ from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, 
 from .precision import autocast as amp
 from .precision import build_optimizer
 from .reweight import reweight_advantages
-from .runs import (RUN_MARKER, append_jsonl, checkpoints, default_run_dir, is_run_dir, save_checkpoint,
+from .runs import (RUN_MARKER, append_jsonl, checkpoints, default_run_dir, save_checkpoint, saved_config,
                    save_hf_atomic, truncate_jsonl)
 from .sampling import Rollout, decode_responses, sample_groups
 from .task import dataset, kk, reward
@@ -334,9 +334,10 @@ def read_run_config(path) -> TrainConfig:
     """The config of an existing run; TrainError if ``path`` is not one of our runs."""
     if not Path(path).is_dir():
         raise TrainError(f"--resume {path}: no such directory")
-    if not is_run_dir(path):
+    saved = saved_config(path)
+    if saved is None:
         raise TrainError(f"--resume {path}: not a lopti-minimal run directory (no valid run.json)")
-    return config_from_json(json.loads((Path(path) / "run.json").read_text())["config"])
+    return config_from_json(saved)
 
 
 # =======================================================================================

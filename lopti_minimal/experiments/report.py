@@ -54,7 +54,7 @@ def _size_mean(report: dict, key: str, sizes=None) -> float:
 def read_run(run_dir) -> dict:
     """One finished run: its variant, seed, config, per-size final accuracy, curves, times."""
     run_dir = Path(run_dir)
-    cfg = json.loads((run_dir / "run.json").read_text())["config"]
+    cfg = runs.saved_config(run_dir)
     ev = json.loads((run_dir / "eval_final.json").read_text())
     acc = {int(n): float(v["accuracy"]) for n, v in ev["per_size"].items()}
     metrics = _read_jsonl(run_dir / "metrics.jsonl")

@@ -126,7 +126,7 @@ def run_status(run_dir) -> str:
 
 def check_existing(run_dir, cfg) -> None:
     """A run to skip or resume must have been made with the config we would use now."""
-    saved = json.loads((Path(run_dir) / "run.json").read_text())["config"]
+    saved = runs.saved_config(run_dir)
     diff = config_diff(saved, cfg)
     if diff:
         raise StudyError(f"{run_dir} was made with a different config ({', '.join(diff)}): "
