@@ -87,7 +87,8 @@ class WarmStartConfig:
     threads: int | None = option(None, "torch threads (default: all cores)", type=int)
     bf16: bool = option(True, "train in float32 (about 2x slower on CPU)", flag="--no-bf16")
     eval_every_minutes: float = option(12.0, "periodic evaluation every N minutes")
-    eval_every_steps: int | None = None
+    eval_every_steps: int | None = option(None, "periodic evaluation every N steps (overrides "
+                                          "--eval-every-minutes)", type=int)
     eval_sizes: tuple = (3, 4)       # periodic evaluation (official and held-out)
     eval_per_size: int = option(20, "official puzzles per size at each periodic evaluation (0: none)")
     heldout_per_size: int = option(40, "generated held-out puzzles per size (0: none; selects "
