@@ -73,10 +73,18 @@ class Variant:
         return s
 
     @property
+    def baseline(self) -> "Variant | None":
+        """The plain method this variant adds AR/Lopti to when that is not GRPO: REINFORCE++
+        for REINFORCE++ +AR+Lopti (the paper's question for its second estimator)."""
+        if self.estimator != "grpo" and self.method != "grpo":
+            return Variant("grpo", estimator=self.estimator)
+        return None
+
+    @property
     def label(self) -> str:
         base = {"grpo": "GRPO", "ar": "GRPO+AR", "lopti": "GRPO+Lopti", "ar_lopti": "GRPO+AR+Lopti"}[self.method]
         if self.estimator == "reinforce_pp":
-            base = base.replace("GRPO", "REINFORCE++")
+            base = base.replace("GRPO", "REINFORCE++ ").strip()
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
                 (["high first"] if self.order == "high_first" else []) + \

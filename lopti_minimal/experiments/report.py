@@ -131,6 +131,38 @@ SELECTION_KEYS = ("heldout", "steps_to_80", "derive_auc", "train_truncated")
 CURVE_KEYS = ("reward", "accuracy", "derive_share")
 
 
+def _vs_own_baseline(groups: dict, v: Variant, vr: list[dict], seeds) -> dict | None:
+    """Paired differences from the variant's own baseline (Variant.baseline: REINFORCE++ for
+    REINFORCE++ +AR+Lopti) on the average accuracy and the selection figures; None if it
+    has none or its baseline has no runs."""
+    b = v.baseline
+    if b is None or b not in groups:
+        return None
+    base = {r["seed"]: r for r in groups[b] if r["seed"] in seeds}
+    out = {"label": b.label, "avg": paired_diff({r["seed"]: r["avg"] for r in vr},
+                                                {s: r["avg"] for s, r in base.items()})}
+    for key in SELECTION_KEYS:
+        have = {r["seed"]: r[key] for r in vr if r.get(key) is not None}
+        if have:
+            out[key] = paired_diff(have, {s: r[key] for s, r in base.items() if r.get(key) is not None})
+    return out
+
+
+def _own_baseline_lines(table: dict) -> list[str]:
+    """One line per variant compared with its own baseline (see _vs_own_baseline)."""
+    lines = []
+    for row in table["rows"].values():
+        own = row.get("vs_own")
+        if not own:
+            continue
+        parts = [f"accuracy (avg over sizes) {_diff_cell(own['avg'])}"]
+        for key, title, dg in SELECTION_COLS:
+            if key in own:
+                parts.append(f"{title} {_diff_cell(own[key], dg)}")
+        lines.append(f"- **{row['label']}** minus **{own['label']}**, paired by seed (95% CI): " + "; ".join(parts) + ".")
+    return lines
+
+
 def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict | None:
     """The balanced table of one grid: only the seeds that *every* variant of the grid
     with finished runs has, so each row (GRPO's included) averages the same seeds and
@@ -165,7 +197,9 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
             if vs is not None:
                 sel[key]["vs_grpo"] = paired_diff({r["seed"]: r[key] for r in have},
                                                   {s: b[key] for s, b in base.items() if b.get(key) is not None})
+        own = _vs_own_baseline(groups, v, vr, seeds)
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
+                        "vs_own": own,
                         "format_error": fmt, "selection": sel,
                         "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None}
     return {"seeds": seeds, "rows": rows}
@@ -545,6 +579,10 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                       "area under the share-of-derivations curve (mean share per step), and the share of "
                       "samples cut at the response cap during training; mean ± 95% t half-width over seeds, "
                       "and the paired difference from GRPO:", ""] + st + [""]
+            own = _own_baseline_lines(table)
+            if own:
+                L += ["Against its own baseline (the paper's question for this estimator: do AR and Lopti "
+                      "help it?):", ""] + own + [""]
             if grid == "main":
                 L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
                 L += _beside_paper(table) + [""]
