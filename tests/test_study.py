@@ -387,26 +387,27 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     assert "Our reading: nothing yet." in new and new.count(R.HAND_BEGIN) == 1
 
 
-def test_reinforce_pp_arms_are_compared_with_their_own_baseline(tmp_path, fake_model):
-    """REINFORCE++ +AR+Lopti is paired with REINFORCE++ (Variant.baseline), not only with GRPO:
-    the paper's question for its second estimator. GRPO .2 .3 .4; REINFORCE++ .3 .3 .3;
+def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_model):
+    """REINFORCE++ +AR+Lopti is paired with REINFORCE++ (GRID_PAIRS), not only with GRPO: the
+    paper's question for its second estimator. GRPO .2 .3 .4; REINFORCE++ .3 .3 .3;
     REINFORCE++ +AR+Lopti .4 .5 .3 -> +.1 +.2 0 against REINFORCE++ (mean .1, s .1)."""
     out = tmp_path / "study"
     rpp, rpp_arl = G.GRIDS["reinforce_pp"][1:]
-    assert rpp.baseline is None and rpp_arl.baseline == rpp and G.GRPO.baseline is None
+    assert G.GRID_PAIRS["reinforce_pp"] == ((rpp_arl, rpp),)
+    assert G.GRID_PAIRS["control"] == ((G.Variant("lopti", eta=0.4), G.GRPO_X2),)
     assert rpp.label == "REINFORCE++" and rpp_arl.label == "REINFORCE++ +AR+Lopti (α=0.3, η=0.5)"
     for v, accs in {G.GRPO: [.2, .3, .4], rpp: [.3, .3, .3], rpp_arl: [.4, .5, .3]}.items():
         for seed, a in enumerate(accs):
             spec = S.RunSpec("ci", v, seed, "reinforce_pp")
             write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": fake_model, "steps": 3}),
                            {3: a, 4: a}, heldout=a)
-    rows = R.aggregate(out)["presets"]["ci"]["grids"]["reinforce_pp"]["rows"]
-    assert rows["grpo"]["vs_own"] is None and rows[rpp.name]["vs_own"] is None
-    own = rows[rpp_arl.name]["vs_own"]
+    t = R.aggregate(out)["presets"]["ci"]["grids"]["reinforce_pp"]
+    [d] = t["pairs"]
     # diffs .1 .2 0: mean .1, s .1, half 4.303 * .1 / sqrt(3) = 0.248434
-    assert own["avg"]["mean"] == pytest.approx(0.1) and own["avg"]["half"] == pytest.approx(0.248434, abs=1e-6)
-    assert own["heldout"]["mean"] == pytest.approx(0.1) and own["steps_to_80"]["mean"] == pytest.approx(0.0)
-    assert rows[rpp_arl.name]["vs_grpo"]["avg"]["mean"] == pytest.approx(0.1)     # .2 .2 -.1 vs GRPO
+    assert d["a"] == rpp_arl.label and d["b"] == rpp.label and d["avg"]["seeds"] == [0, 1, 2]
+    assert d["avg"]["mean"] == pytest.approx(0.1) and d["avg"]["half"] == pytest.approx(0.248434, abs=1e-6)
+    assert d["heldout"]["mean"] == pytest.approx(0.1) and d["steps_to_80"]["mean"] == pytest.approx(0.0)
+    assert t["rows"][rpp_arl.name]["vs_grpo"]["avg"]["mean"] == pytest.approx(0.1)     # .2 .2 -.1 vs GRPO
     report = tmp_path / "RESULTS.md"
     R.write_report(R.aggregate(out), report, tmp_path / "figs", plots=False)
     assert ("- **REINFORCE++ +AR+Lopti (α=0.3, η=0.5)** minus **REINFORCE++**, paired by seed (95% CI): "

@@ -73,14 +73,6 @@ class Variant:
         return s
 
     @property
-    def baseline(self) -> "Variant | None":
-        """The plain method this variant adds AR/Lopti to when that is not GRPO: REINFORCE++
-        for REINFORCE++ +AR+Lopti (the paper's question for its second estimator)."""
-        if self.estimator != "grpo" and self.method != "grpo":
-            return Variant("grpo", estimator=self.estimator)
-        return None
-
-    @property
     def label(self) -> str:
         base = {"grpo": "GRPO", "ar": "GRPO+AR", "lopti": "GRPO+Lopti", "ar_lopti": "GRPO+AR+Lopti"}[self.method]
         if self.estimator == "reinforce_pp":
@@ -138,6 +130,13 @@ GRIDS: dict[str, tuple[Variant, ...]] = {
     # eta = 0.4 is the main grid's Lopti; GRPO is the baseline of the comparison.
     "eta": (GRPO,) + tuple(Variant("lopti", eta=e) for e in (0.3, 0.4, 0.5, 0.7)),
     "order": (GRPO, Variant("lopti", eta=0.4), Variant("lopti", eta=0.4, order="high_first")),
+}
+# Within a grid, comparisons besides "vs GRPO" (a, b: a minus b, paired by seed): Lopti
+# against GRPO with as many optimizer steps (the control's question), and REINFORCE++
+# +AR+Lopti against REINFORCE++ (the paper's question for its second estimator).
+GRID_PAIRS: dict[str, tuple[tuple[Variant, Variant], ...]] = {
+    "control": ((GRIDS["control"][2], GRPO_X2),),
+    "reinforce_pp": ((GRIDS["reinforce_pp"][2], GRIDS["reinforce_pp"][1]),),
 }
 GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
                "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",

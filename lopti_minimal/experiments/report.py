@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import runs
 from ..trainer import ROOT
-from .grid import (GRID_TITLES, GRIDS, GRPO, HELDOUT_FILE, PAPER_KK, RUNTIME_FIELDS, VARIANT_FIELDS,
+from .grid import (GRID_PAIRS, GRID_TITLES, GRIDS, GRPO, HELDOUT_FILE, PAPER_KK, RUNTIME_FIELDS, VARIANT_FIELDS,
                    Variant, config_diff, setting_key, warm_start_eval_path)
 from .stats import mean_ci, paired_diff, t975
 
@@ -131,35 +131,29 @@ SELECTION_KEYS = ("heldout", "steps_to_80", "derive_auc", "train_truncated")
 CURVE_KEYS = ("reward", "accuracy", "derive_share")
 
 
-def _vs_own_baseline(groups: dict, v: Variant, vr: list[dict], seeds) -> dict | None:
-    """Paired differences from the variant's own baseline (Variant.baseline: REINFORCE++ for
-    REINFORCE++ +AR+Lopti) on the average accuracy and the selection figures; None if it
-    has none or its baseline has no runs."""
-    b = v.baseline
-    if b is None or b not in groups:
+def pair_diffs(groups: dict, a: Variant, b: Variant, seeds) -> dict | None:
+    """a minus b, paired by seed (only ``seeds``), on the average accuracy and the selection
+    figures (GRID_PAIRS); None if either has no runs."""
+    if a not in groups or b not in groups:
         return None
-    base = {r["seed"]: r for r in groups[b] if r["seed"] in seeds}
-    out = {"label": b.label, "avg": paired_diff({r["seed"]: r["avg"] for r in vr},
-                                                {s: r["avg"] for s, r in base.items()})}
+    ra = [r for r in groups[a] if r["seed"] in seeds]
+    rb = {r["seed"]: r for r in groups[b] if r["seed"] in seeds}
+    out = {"a": a.label, "b": b.label, "avg": paired_diff({r["seed"]: r["avg"] for r in ra},
+                                                          {s: r["avg"] for s, r in rb.items()})}
     for key in SELECTION_KEYS:
-        have = {r["seed"]: r[key] for r in vr if r.get(key) is not None}
+        have = {r["seed"]: r[key] for r in ra if r.get(key) is not None}
         if have:
-            out[key] = paired_diff(have, {s: r[key] for s, r in base.items() if r.get(key) is not None})
+            out[key] = paired_diff(have, {s: r[key] for s, r in rb.items() if r.get(key) is not None})
     return out
 
 
-def _own_baseline_lines(table: dict) -> list[str]:
-    """One line per variant compared with its own baseline (see _vs_own_baseline)."""
+def _pair_lines(table: dict) -> list[str]:
+    """One line per GRID_PAIRS comparison of the grid."""
     lines = []
-    for row in table["rows"].values():
-        own = row.get("vs_own")
-        if not own:
-            continue
-        parts = [f"accuracy (avg over sizes) {_diff_cell(own['avg'])}"]
-        for key, title, dg in SELECTION_COLS:
-            if key in own:
-                parts.append(f"{title} {_diff_cell(own[key], dg)}")
-        lines.append(f"- **{row['label']}** minus **{own['label']}**, paired by seed (95% CI): " + "; ".join(parts) + ".")
+    for d in table.get("pairs", []):
+        parts = [f"accuracy (avg over sizes) {_diff_cell(d['avg'])}"]
+        parts += [f"{title} {_diff_cell(d[key], dg)}" for key, title, dg in SELECTION_COLS if key in d]
+        lines.append(f"- **{d['a']}** minus **{d['b']}**, paired by seed (95% CI): " + "; ".join(parts) + ".")
     return lines
 
 
@@ -197,12 +191,11 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
             if vs is not None:
                 sel[key]["vs_grpo"] = paired_diff({r["seed"]: r[key] for r in have},
                                                   {s: b[key] for s, b in base.items() if b.get(key) is not None})
-        own = _vs_own_baseline(groups, v, vr, seeds)
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
-                        "vs_own": own,
                         "format_error": fmt, "selection": sel,
                         "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None}
-    return {"seeds": seeds, "rows": rows}
+    pairs = [pair_diffs(groups, a, b, seeds) for a, b in GRID_PAIRS.get(grid, ())]
+    return {"seeds": seeds, "rows": rows, "pairs": [d for d in pairs if d]}
 
 
 def aggregate(out, window: int = 5) -> dict:
@@ -579,10 +572,9 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                       "area under the share-of-derivations curve (mean share per step), and the share of "
                       "samples cut at the response cap during training; mean ± 95% t half-width over seeds, "
                       "and the paired difference from GRPO:", ""] + st + [""]
-            own = _own_baseline_lines(table)
-            if own:
-                L += ["Against its own baseline (the paper's question for this estimator: do AR and Lopti "
-                      "help it?):", ""] + own + [""]
+            pl = _pair_lines(table)
+            if pl:
+                L += ["Paired comparisons within this grid:", ""] + pl + [""]
             if grid == "main":
                 L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
                 L += _beside_paper(table) + [""]
