@@ -34,16 +34,18 @@ def fake_model(tmp_path):
     return str(d)
 
 
-def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0, heldout=None):
+def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0, heldout=None,
+                   low=None):
     """What trainer.train leaves behind, reduced to what study.py reads (derivation share =
-    the reward; the held-out evaluation only if ``heldout`` is given)."""
+    the reward; the held-out evaluation only if ``heldout`` is given; ``low``: the logged
+    low_fraction per step)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for i, r in enumerate(rewards):
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
                                 "sample_s": step_s / 2, "update_s": step_s / 4, "derive_share": r,
-                                "truncated": 0.0}) + "\n")
+                                "truncated": 0.0, **({"low_fraction": low[i]} if low else {})}) + "\n")
     if heldout is not None:
         (run_dir / G.HELDOUT_FILE).write_text(json.dumps({"overall": {"accuracy": heldout}}))
     (run_dir / "eval_final.json").write_text(json.dumps(
@@ -400,7 +402,7 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
         for seed, a in enumerate(accs):
             spec = S.RunSpec("ci", v, seed, "reinforce_pp")
             write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": fake_model, "steps": 3}),
-                           {3: a, 4: a}, heldout=a)
+                           {3: a, 4: a}, heldout=a, low=(0.06, 0.03, 0.0), rewards=(0.0, 0.5, a + 0.5))
     t = R.aggregate(out)["presets"]["ci"]["grids"]["reinforce_pp"]
     [d] = t["pairs"]
     # diffs .1 .2 0: mean .1, s .1, half 4.303 * .1 / sqrt(3) = 0.248434
@@ -413,6 +415,9 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
     assert ("- **REINFORCE++ +AR+Lopti (α=0.3, η=0.5)** minus **REINFORCE++**, paired by seed (95% CI): "
             "accuracy (avg over sizes) +0.100 [-0.148, +0.348]; held-out accuracy +0.100 [-0.148, +0.348]") \
         in report.read_text()
+    # What Lopti's first stage holds: low_fraction .06 at step 1, mean .03; derivations at the
+    # last step = the last reward, a + .5: REINFORCE++ +AR+Lopti .9 1.0 .8 -> mean .9.
+    assert "| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) | 0.5 | 0.060 | 0.030 | 0.90 (0.80-1.00) |" in report.read_text()
 
 
 def test_report_without_runs_is_a_template(tmp_path):

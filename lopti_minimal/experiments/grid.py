@@ -74,9 +74,8 @@ class Variant:
 
     @property
     def label(self) -> str:
-        base = {"grpo": "GRPO", "ar": "GRPO+AR", "lopti": "GRPO+Lopti", "ar_lopti": "GRPO+AR+Lopti"}[self.method]
-        if self.estimator == "reinforce_pp":
-            base = base.replace("GRPO", "REINFORCE++ ").strip()
+        fixes = {"grpo": "", "ar": "+AR", "lopti": "+Lopti", "ar_lopti": "+AR+Lopti"}[self.method]
+        base = "GRPO" + fixes if self.estimator == "grpo" else f"REINFORCE++ {fixes}".strip()
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
                 (["high first"] if self.order == "high_first" else []) + \
@@ -110,33 +109,35 @@ GRPO = Variant("grpo")
 # The paper's K&K settings per method (trainer.PAPER_SETTINGS, the table `train.py --method`
 # uses): the rows of its results table.
 _ps = trainer.paper_settings
-MAIN = (GRPO, Variant("ar", alpha=_ps("ar")["alpha"]), Variant("lopti", eta=_ps("lopti")["eta"]),
-        Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"]))
+AR = Variant("ar", alpha=_ps("ar")["alpha"])
+LOPTI = Variant("lopti", eta=_ps("lopti")["eta"])
+AR_LOPTI = Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"])
+MAIN = (GRPO, AR, LOPTI, AR_LOPTI)
 # The control arm: GRPO with two optimizer steps per rollout on the same samples (two passes,
 # ppo_epochs = 2). Lopti makes two AdamW steps per rollout where GRPO makes one, and AdamW
 # normalises each step, so part of a Lopti gain could be the extra step rather than the
 # isolation. The paper does not control for this.
 GRPO_X2 = Variant("grpo", passes=2)
+# The second baseline of the paper's reference code: REINFORCE++ (batch-whitened returns, no
+# group baseline), alone and with AR+Lopti.
+RPP = Variant("grpo", estimator="reinforce_pp")
+RPP_AR_LOPTI = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, estimator="reinforce_pp")
 GRIDS: dict[str, tuple[Variant, ...]] = {
     "main": MAIN,
-    "control": (GRPO, GRPO_X2, Variant("lopti", eta=_ps("lopti")["eta"])),
-    # The second baseline of the paper's reference code: REINFORCE++ (batch-whitened
-    # returns, no group baseline), alone and with AR+Lopti, beside GRPO.
-    "reinforce_pp": (GRPO, Variant("grpo", estimator="reinforce_pp"),
-                     Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"],
-                             estimator="reinforce_pp")),
+    "control": (GRPO, GRPO_X2, LOPTI),
+    "reinforce_pp": (GRPO, RPP, RPP_AR_LOPTI),
     # alpha = 0 is GRPO (canonicalised), alpha = 0.2 is the main grid's AR.
     "alpha": tuple(Variant("ar", alpha=a) for a in (0.0, 0.1, 0.2, 0.3, 0.5)),
     # eta = 0.4 is the main grid's Lopti; GRPO is the baseline of the comparison.
     "eta": (GRPO,) + tuple(Variant("lopti", eta=e) for e in (0.3, 0.4, 0.5, 0.7)),
-    "order": (GRPO, Variant("lopti", eta=0.4), Variant("lopti", eta=0.4, order="high_first")),
+    "order": (GRPO, LOPTI, Variant("lopti", eta=LOPTI.eta, order="high_first")),
 }
-# Within a grid, comparisons besides "vs GRPO" (a, b: a minus b, paired by seed): Lopti
-# against GRPO with as many optimizer steps (the control's question), and REINFORCE++
-# +AR+Lopti against REINFORCE++ (the paper's question for its second estimator).
+# Within a grid, comparisons besides "vs GRPO" (a minus b, paired by seed): Lopti against
+# GRPO with as many optimizer steps (the control's question), and REINFORCE++ +AR+Lopti
+# against REINFORCE++ (the paper's question for its second estimator).
 GRID_PAIRS: dict[str, tuple[tuple[Variant, Variant], ...]] = {
-    "control": ((GRIDS["control"][2], GRPO_X2),),
-    "reinforce_pp": ((GRIDS["reinforce_pp"][2], GRIDS["reinforce_pp"][1]),),
+    "control": ((LOPTI, GRPO_X2),),
+    "reinforce_pp": ((RPP_AR_LOPTI, RPP),),
 }
 GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
                "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",

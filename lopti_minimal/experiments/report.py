@@ -71,7 +71,7 @@ def read_run(run_dir) -> dict:
             "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
             "tokens": _size_mean(ev, "mean_tokens"),
             "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall),
-            "heldout": heldout, **selection(metrics)}
+            "heldout": heldout, **selection(metrics), **token_split(metrics, cfg)}
 
 
 SELECT_AT = 0.8          # "the behaviour is selected": derivations are >= 80% of the samples
@@ -90,6 +90,17 @@ def selection(metrics: list[dict]) -> dict:
     hit = next((i + 1 for i, v in enumerate(ds) if v >= SELECT_AT), len(ds) + 1)
     return {"steps_to_80": float(hit), "derive_auc": float(np.mean(ds)),
             "train_truncated": float(np.mean([m.get("truncated", 0.0) for m in metrics]))}
+
+
+def token_split(metrics: list[dict], cfg: dict) -> dict:
+    """What Lopti's first stage holds, from one run's metrics: the logged `low_fraction`
+    (the share of response tokens with pi_old < eta; every method logs it, with the run's
+    eta) at step 1 and averaged over the steps, and the share of derivations among the
+    last step's samples."""
+    low = [m["low_fraction"] for m in metrics if "low_fraction" in m]
+    ds = [m["derive_share"] for m in metrics if "derive_share" in m]
+    return {"eta": cfg.get("eta"), "low_step1": low[0] if low else None,
+            "low_mean": float(np.mean(low)) if low else None, "derive_last": ds[-1] if ds else None}
 
 
 def find_runs(out) -> tuple[list[Path], list[Path]]:
@@ -131,6 +142,13 @@ SELECTION_KEYS = ("heldout", "steps_to_80", "derive_auc", "train_truncated")
 CURVE_KEYS = ("reward", "accuracy", "derive_share")
 
 
+def _paired(ra: list[dict], rb: dict, get) -> dict:
+    """Runs ``ra`` minus the runs ``rb`` (by seed), paired by seed, of ``get(run)``; runs
+    where it is None are left out."""
+    return paired_diff({r["seed"]: get(r) for r in ra if get(r) is not None},
+                       {s: get(r) for s, r in rb.items() if get(r) is not None})
+
+
 def pair_diffs(groups: dict, a: Variant, b: Variant, seeds) -> dict | None:
     """a minus b, paired by seed (only ``seeds``), on the average accuracy and the selection
     figures (GRID_PAIRS); None if either has no runs."""
@@ -138,12 +156,10 @@ def pair_diffs(groups: dict, a: Variant, b: Variant, seeds) -> dict | None:
         return None
     ra = [r for r in groups[a] if r["seed"] in seeds]
     rb = {r["seed"]: r for r in groups[b] if r["seed"] in seeds}
-    out = {"a": a.label, "b": b.label, "avg": paired_diff({r["seed"]: r["avg"] for r in ra},
-                                                          {s: r["avg"] for s, r in rb.items()})}
+    out = {"a": a.label, "b": b.label, "avg": _paired(ra, rb, lambda r: r["avg"])}
     for key in SELECTION_KEYS:
-        have = {r["seed"]: r[key] for r in ra if r.get(key) is not None}
-        if have:
-            out[key] = paired_diff(have, {s: r[key] for s, r in rb.items() if r.get(key) is not None})
+        if any(r.get(key) is not None for r in ra):
+            out[key] = _paired(ra, rb, lambda r, k=key: r.get(k))
     return out
 
 
@@ -173,29 +189,32 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
         vs = None
         if GRPO in names and v != GRPO and vr:
             base = {r["seed"]: r for r in groups[GRPO] if r["seed"] in seeds}
-            vs = {str(n): paired_diff({r["seed"]: r["accuracy"][n] for r in vr},
-                                      {s: b["accuracy"][n] for s, b in base.items()}) for n in sizes}
-            vs["avg"] = paired_diff({r["seed"]: r["avg"] for r in vr}, {s: b["avg"] for s, b in base.items()})
+            vs = {str(n): _paired(vr, base, lambda r, n=n: r["accuracy"][n]) for n in sizes}
+            vs["avg"] = _paired(vr, base, lambda r: r["avg"])
         fmt = {"mean": mean_ci([r["format_error"] for r in vr]), "vs_grpo": None,
                "truncated": mean_ci([r["truncated"] for r in vr]),
                "tokens": mean_ci([r["tokens"] for r in vr]), "tokens_vs_grpo": None}
         if vs is not None:
             for k, key in (("vs_grpo", "format_error"), ("tokens_vs_grpo", "tokens")):
-                fmt[k] = paired_diff({r["seed"]: r[key] for r in vr}, {s: b[key] for s, b in base.items()})
+                fmt[k] = _paired(vr, base, lambda r, key=key: r[key])
         sel = {}
         for key in SELECTION_KEYS:
             have = [r for r in vr if r.get(key) is not None]
             if not have:
                 continue
-            sel[key] = {"mean": mean_ci([r[key] for r in have]), "vs_grpo": None}
-            if vs is not None:
-                sel[key]["vs_grpo"] = paired_diff({r["seed"]: r[key] for r in have},
-                                                  {s: b[key] for s, b in base.items() if b.get(key) is not None})
+            sel[key] = {"mean": mean_ci([r[key] for r in have]),
+                        "vs_grpo": _paired(have, base, lambda r, key=key: r.get(key)) if vs is not None else None}
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
                         "format_error": fmt, "selection": sel,
                         "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None}
     pairs = [pair_diffs(groups, a, b, seeds) for a, b in GRID_PAIRS.get(grid, ())]
     return {"seeds": seeds, "rows": rows, "pairs": [d for d in pairs if d]}
+
+
+def _mean_of(rs: list[dict], key: str) -> float | None:
+    """The mean of ``key`` over the runs that have it (None if none does)."""
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else None
 
 
 def aggregate(out, window: int = 5) -> dict:
@@ -239,6 +258,9 @@ def aggregate(out, window: int = 5) -> dict:
                            "update_s": mean_of("update_s"), "eval_s": float(np.mean([r["eval_s"] for r in vr])),
                            "run_wall_s": float(np.mean([r["wall_s"] for r in vr]))},
                 "update_passes": (2 if v.method in ("lopti", "ar_lopti") else 1) * v.passes,
+                "token_split": {k: _mean_of(vr, k) for k in ("eta", "low_step1", "low_mean", "derive_last")},
+                "derive_last_range": [min(r["derive_last"] for r in vr), max(r["derive_last"] for r in vr)]
+                if all(r["derive_last"] is not None for r in vr) else None,
             }
         grids = {g: t for g in GRIDS if (t := grid_table(groups, g, sizes, window))}
         wpath = warm_start_eval_path(out, preset)
@@ -455,6 +477,26 @@ def _selection_table(table: dict, warm: dict | None) -> list[str]:
     return lines
 
 
+def _token_split_table(variants: dict) -> list[str]:
+    """What Lopti's first stage holds, and where the selection ends, per method."""
+    rows = [v for v in variants.values() if v.get("token_split", {}).get("low_mean") is not None]
+    if not rows:
+        return []
+    lines = ["### What Lopti's first stage holds (means over all finished runs)", "",
+             "The share of response tokens with pi_old below η (the run's η; methods without Lopti "
+             "log it at η = 0.5) at the first RL step and averaged over the steps (`low_fraction` in "
+             "metrics.jsonl), and the share of derivations among the last step's samples (mean, and "
+             "the range over runs):", "",
+             "| method | η | tokens below η, step 1 | tokens below η, mean over steps | derivations at the last step |",
+             "|---|---|---|---|---|"]
+    for v in rows:
+        t, rng = v["token_split"], v.get("derive_last_range")
+        last = f"{t['derive_last']:.2f}" + (f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else "") \
+            if t["derive_last"] is not None else "–"
+        lines.append(f"| {v['label']} | {t['eta']:g} | {t['low_step1']:.3f} | {t['low_mean']:.3f} | {last} |")
+    return lines + [""]
+
+
 def _beside_paper(table: dict) -> list[str]:
     lines = ["| method | ours: avg | ours: relative to GRPO | paper 3B: avg | paper 3B: relative | "
              "paper 7B: avg | paper 7B: relative |", "|---|---|---|---|---|---|---|"]
@@ -598,6 +640,7 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                      f"{format_hours(t['run_wall_s'])} |")
         L += ["", f"Compute of this preset: {pr['n_runs']} finished runs, {format_hours(pr['compute_s'])} of run "
               "wall time in total.", ""]
+        L += _token_split_table(pr["variants"])
     L += ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per "
           "method, 4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the "
           "last three evaluations):", ""] + _paper_table() + [""]
