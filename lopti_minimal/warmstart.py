@@ -4,6 +4,8 @@
     python -m lopti_minimal.warmstart --recipe          # the shipped checkpoint: `recipe()`, two
                                                         # runs, under 2 hours on 2 free cores
     python -m lopti_minimal.warmstart --recipe derive --out checkpoints/tiny-derive
+    python -m lopti_minimal.warmstart --resume DIR      # go on with an interrupted run (of a
+                                                        # recipe: then its remaining run)
 
 Design choices (in full, with the measurements: docs/TASK_AND_MODELS.md):
 
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -102,6 +105,12 @@ class WarmStartConfig:
     # targets has 498 tokens, 4 people 1,055, 5 people 1,464.)
     max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 640, 4: 1152, 5: 1600, 6: 2048, 7: 2048})
     progress: bool = option(True, "no tqdm bar (log files)", flag="--no-progress")
+    # Nothing lost on interruption: the whole training state (float32 weights, AdamW state,
+    # the puzzle stream and the batches queued from it, the random generators, the elapsed
+    # time) goes to OUT.resume every N steps; `--resume OUT` continues the run from there
+    # exactly (tests/test_warmstart.py); the folder is deleted when the run completes.
+    state_every_steps: int = option(500, "save the training state for --resume every N steps "
+                                    "(0: never)")
     init: str | None = None          # the checkpoint this run continued from (--init), if any
 
 
@@ -304,6 +313,34 @@ def save_warm_start(model, tokenizer, out: str, info: dict) -> None:
     save_hf_atomic(model, tokenizer, out, {"warmstart.json": info}, dtype=torch.bfloat16)
 
 
+STATE_FILE = "warmstart_state.pt"
+
+
+def resume_dir(out: str) -> str:
+    """Where a run writing to ``out`` keeps its training state: beside the checkpoint, not
+    in it (the checkpoint folder is replaced whenever a better evaluation is saved)."""
+    return out.rstrip("/") + ".resume"
+
+
+def save_state(model, tokenizer, state: dict, out: str) -> None:
+    """The training state at a step boundary, atomically (runs.save_hf_atomic): the float32
+    weights as a Hugging Face folder and, in warmstart_state.pt, everything else the loop
+    needs to go on as if never stopped (``state``: optimizer, generators, stream, queue...)."""
+    save_hf_atomic(model, tokenizer, resume_dir(out), {STATE_FILE: state})
+
+
+def load_state(out: str) -> tuple:
+    """(model, tokenizer, state) saved by ``save_state`` for the run writing to ``out``."""
+    folder = resume_dir(out)
+    if not os.path.exists(os.path.join(folder, STATE_FILE)):
+        raise SystemExit(f"--resume {out}: no saved training state at {folder} (a run saves it "
+                         f"every --state-every-steps steps and deletes it when it completes)")
+    model, tokenizer = load_model_and_tokenizer(folder, dtype=torch.float32, device="cpu")
+    # weights_only=False: the state holds Python objects (the puzzle stream, random.Random);
+    # it is a file this module wrote, not a downloaded one.
+    return model, tokenizer, torch.load(os.path.join(folder, STATE_FILE), weights_only=False)
+
+
 # ---------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------
@@ -333,9 +370,11 @@ def heldout_records(sizes, per_size: int, seed: int = 99_991, exclude: set = fro
 
 
 def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=default_response,
-               log=print) -> tuple:
+               log=print, resume: dict | None = None) -> tuple:
     """Train (from scratch unless ``model``/``tokenizer`` are given) and save to cfg.out.
 
+    ``resume``: the state saved by ``save_state`` (``load_state``; with the model and
+    tokenizer saved beside it), to go on from its step exactly.
     Returns (model, tokenizer, history) where history holds the evaluations."""
 
     if cfg.bucket_batches < 1:
@@ -368,13 +407,28 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     queued: dict[int, list] = {}        # per puzzle size, length-bucketed batches still to train on
     history: list[dict] = []
     best = -1.0
+    step, elapsed, ema = 0, 0.0, None
+    if resume is not None:              # everything that changes as the loop runs
+        opt.load_state_dict(resume["optimizer"])
+        rng.setstate(resume["rng"])
+        torch.set_rng_state(resume["torch_rng"])
+        stream, response_fn = resume["stream"], resume["response_fn"]
+        batch_size, mean_response, queued = resume["batch_size"], resume["mean_response"], resume["queued"]
+        history, best, step, elapsed, ema = (resume[k] for k in ("history", "best", "step", "elapsed", "ema"))
+        log(f"[resume] {resume_dir(cfg.out)} at step {step} ({elapsed / 60:.1f} min)")
     budget_s = cfg.minutes * 60
-    t0 = time.time()
-    last_eval = t0
-    step = 0
-    bar = tqdm(total=cfg.steps or int(budget_s), disable=not cfg.progress, file=sys.stderr,
-               unit="step" if cfg.steps else "s", mininterval=5)
-    ema = None
+    t0 = time.time() - elapsed          # a resumed run's --minutes budget counts its first part
+    last_eval = time.time()
+    bar = tqdm(total=cfg.steps or int(budget_s), initial=step if cfg.steps else int(elapsed),
+               disable=not cfg.progress, file=sys.stderr, unit="step" if cfg.steps else "s",
+               mininterval=5)
+
+    def state() -> dict:
+        return {"config": cfg, "optimizer": opt.state_dict(), "rng": rng.getstate(),
+                "torch_rng": torch.get_rng_state(), "stream": stream, "response_fn": response_fn,
+                "batch_size": batch_size, "mean_response": mean_response, "queued": queued,
+                "history": history, "best": best, "step": step, "elapsed": time.time() - t0,
+                "ema": ema}
 
     def progress() -> float:
         return step / cfg.steps if cfg.steps else (time.time() - t0) / budget_s
@@ -449,9 +503,13 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
               (not cfg.eval_every_steps and time.time() - last_eval > cfg.eval_every_minutes * 60)
         if due:
             do_eval()
+        if cfg.state_every_steps and step % cfg.state_every_steps == 0:
+            save_state(model, tokenizer, state(), cfg.out)
+            log(f"[state] step {step}: {resume_dir(cfg.out)}")
     bar.close()
     log(f"[warmstart] {step} steps in {(time.time() - t0) / 60:.1f} min; final evaluation")
     do_eval(final=True)
+    shutil.rmtree(resume_dir(cfg.out), ignore_errors=True)    # complete: nothing to resume
     return model, tokenizer, history
 
 
@@ -502,6 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="make a shipped checkpoint: the two runs of warmstart.recipe() into --out "
                          "(default checkpoints/tiny-warm) and OUT-stage1, with --threads and --minutes; "
                          "'derive' makes tiny-derive (canonical derivations only)")
+    ap.add_argument("--resume", metavar="OUT", default=None,
+                    help="continue the interrupted run that wrote to OUT, from the training state "
+                         "it saved last (OUT.resume); its own options apply, except --threads and "
+                         "--no-progress")
     ap.add_argument("--init", default=None,
                     help="continue from this checkpoint (its tokenizer too) with a fresh schedule "
                          "and the last curriculum stage")
@@ -520,14 +582,18 @@ def main(argv=None) -> int:
             print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
             main(args + ([] if cfg.progress else ["--no-progress"]))
         return 0
-    model = tokenizer = None
-    if a.init:
+    model = tokenizer = state = None
+    if a.resume:                      # the run's own config; only these two follow the command
+        model, tokenizer, state = load_state(a.resume)
+        state["config"].threads, state["config"].progress = cfg.threads, cfg.progress
+        cfg = state["config"]
+    elif a.init:
         model, tokenizer = load_model_and_tokenizer(a.init, dtype=torch.float32, device="cpu")
         cfg.curriculum = (cfg.curriculum[-1],)
         cfg.warmup_steps = 20
         cfg.init = a.init
     _, _, hist = warm_start(cfg, model=model, tokenizer=tokenizer, response_fn=RESPONSE_STYLES[a.style],
-                            log=lambda s: print(s, flush=True))
+                            log=lambda s: print(s, flush=True), resume=state)
     if hist:                                          # (no evaluation: nothing to print)
         print(json.dumps(hist[-1]["official"], indent=1))
     return 0

@@ -336,3 +336,61 @@ def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop()
     assert fe.classify(ran_out) == "loop after the search ran out"
     assert fe.classify(mid) == "loop mid-search"
     assert fe.classify("\ntry A=T\nfound A=T\n</think>") == "no repeated node"
+
+
+
+def test_warmstart_curves_script_lines_up_two_runs_by_evaluation(tmp_path):
+    """scripts/warmstart_curves.py (quoted in docs/TWO_BEHAVIOURS.md): one row per
+    evaluation, each run's step and accuracies in its own columns, a shorter run blank."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "warmstart_curves", os.path.join(ROOT, "scripts", "warmstart_curves.py"))
+    wc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wc)
+    ev = lambda step, acc, final=False: {"step": step, "minutes": step / 100, "final": final,  # noqa: E731
+                                         "official": {"3": {"accuracy": acc}}, "heldout": {"3": {"accuracy": acc / 2}}}
+    rows = wc.table({"a": [ev(100, 0.25), ev(200, 0.5, final=True)], "b": [ev(100, 0.75)]}).split("\n")
+    assert rows[0] == "| eval | a step | min | off 3p | held 3p | b step | min | off 3p | held 3p |"
+    assert rows[2] == "| 1 | 100 | 1 | 0.25 | 0.12 | 100 | 1 | 0.75 | 0.38 |"
+    assert rows[3] == "| 2 | 200 (final) | 2 | 0.50 | 0.25 |  |  |  |  |"
+    assert len(wc.load_history(SHIPPED_STAGE1)) == 8
+
+def test_an_interrupted_warm_start_resumes_exactly(kk_tokenizer, tmp_path):
+    """Interrupted after the state saved at step 4 and resumed, a run ends with the same
+    weights, evaluations and loss as the same run uninterrupted: the state holds every
+    thing the loop changes (optimizer, generators, puzzle stream, queued batches)."""
+    def cfg(out):
+        return WarmStartConfig(preset="nano", out=str(out), steps=8, lr=5e-3, warmup_steps=2,
+                               tokens_per_batch=1024, curriculum=((0.0, {2: 1, 3: 1}),),
+                               eval_sizes=(3,), eval_per_size=1, heldout_per_size=1,
+                               eval_every_steps=3, final_eval_sizes=(3,), final_eval_per_size=1,
+                               max_new_tokens={3: 4}, state_every_steps=4, guess_share=0.5,
+                               phrased=True, progress=False, seed=3)
+
+    whole, _, hist_whole = warmstart.warm_start(cfg(tmp_path / "a"), tokenizer=kk_tokenizer,
+                                                log=lambda s: None)
+    assert not os.path.exists(warmstart.resume_dir(str(tmp_path / "a")))   # removed when complete
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_state(line):
+        if line.startswith("[state] step 4"):
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        warmstart.warm_start(cfg(tmp_path / "b"), tokenizer=kk_tokenizer, log=stop_after_state)
+    model, tok, state = warmstart.load_state(str(tmp_path / "b"))
+    assert state["step"] == 4 and [h["step"] for h in state["history"]] == [3]
+    resumed, _, hist_resumed = warmstart.warm_start(state["config"], model=model, tokenizer=tok,
+                                                    resume=state, log=lambda s: None)
+    assert [h["step"] for h in hist_resumed] == [3, 6, 8]
+    strip = lambda h: [{k: v for k, v in e.items() if k not in ("minutes", "eval_seconds")} for e in h]  # noqa: E731
+    assert strip(hist_resumed) == strip(hist_whole)
+    for (k, v), w in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(v, w), k
+
+
+def test_resume_without_saved_state_says_what_is_missing(tmp_path):
+    with pytest.raises(SystemExit, match="no saved training state"):
+        warmstart.main(["--resume", str(tmp_path / "nothing")])
