@@ -56,7 +56,6 @@ import copy
 import datetime
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -75,25 +74,16 @@ PARTS = ("sampler", "update", "step", "memory", "profile")
 
 
 def machine_info(threads: int) -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    """runs.machine_info() and what a timing also depends on: the date, torch's threads,
+    the load."""
     import transformers
-    info = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "cpu": cpu,
-            "cores": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version()}
+    from lopti_minimal.runs import machine_info as machine
+    info = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), **machine(),
+            "torch_threads": threads, "transformers": transformers.__version__}
     try:
         info["loadavg_1m"] = os.getloadavg()[0]
     except OSError:
         pass
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
     return info
 
 

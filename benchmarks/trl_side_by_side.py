@@ -75,6 +75,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
+from lopti_minimal.runs import machine_info  # noqa: E402
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
@@ -279,8 +281,7 @@ def main(argv=None) -> int:
     for who in order:
         torch.manual_seed(cfg.seed)
         res[who] = run_trl(cfg, tok, steps, texts, mb, args) if who == "trl" else run_ours(cfg, steps, args)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
-               "cpu")
+    cpu = machine_info()["cpu"]
     print(f"\n{cfg.model}: P={cfg.prompts_per_step} prompts x G={cfg.group_size}, <= {cfg.max_new_tokens} "
           f"new tokens, micro-batch {mb}, bf16 autocast {cfg.autocast_bf16}, gradient checkpointing "
           f"{cfg.gradient_checkpointing}, ours: {cfg.method}, recompute pi_old {cfg.recompute_old_logprobs}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import random
 import shutil
 import time
@@ -44,6 +45,23 @@ def saved_config(path) -> dict | None:
         return saved["config"] if saved.get("kind") == RUN_MARKER else None
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return None
+
+
+def machine_info() -> dict:
+    """The machine a measurement ran on (the CPU's model name, cores, GPU, versions): step
+    rates and wall-clock budgets differ between machines by 1.5x and more, so every record
+    that holds a time names its machine."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform()}
 
 
 def is_run_dir(path) -> bool:

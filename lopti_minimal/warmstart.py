@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from .cli import HelpFormatter, add_options, given, option
 from .models import count_parameters, load_model_and_tokenizer, make_tiny_model
-from .runs import save_hf_atomic
+from .runs import machine_info, save_hf_atomic
 from .task import dataset, explain, kk, prompts
 from .task.behaviours import TwoBehaviourTargets
 from .task.evaluate import evaluate_records
@@ -433,11 +433,14 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     def progress() -> float:
         return step / cfg.steps if cfg.steps else (time.time() - t0) / budget_s
 
+    def record() -> dict:               # warmstart.json: how it was made, how it did, where
+        return {"config": asdict(cfg), "history": history, "machine": machine_info()}
+
     def do_eval(final: bool = False):
         nonlocal best, last_eval
         if (cfg.final_eval_per_size if final else cfg.eval_per_size) <= 0:   # evaluation off
             if final:
-                save_warm_start(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
+                save_warm_start(model, tokenizer, cfg.out, record())
             return
         sizes = cfg.final_eval_sizes if final else cfg.eval_sizes
         per = cfg.final_eval_per_size if final else cfg.eval_per_size
@@ -461,7 +464,7 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
         metric = sum(sel[n]["accuracy"] for n in (3, 4) if n in sel)
         if final or metric >= best:
             best = max(best, metric)
-            save_warm_start(model, tokenizer, cfg.out, {"config": asdict(cfg), "history": history})
+            save_warm_start(model, tokenizer, cfg.out, record())
             log(f"[save] {cfg.out} (metric {metric:.2f})")
         last_eval = time.time()
 

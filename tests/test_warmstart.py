@@ -163,6 +163,7 @@ def test_short_warm_start_saves_loadable_checkpoint(kk_tokenizer, tmp_path):
     assert AutoTokenizer.from_pretrained(out)("Amelia")["input_ids"] == tok("Amelia")["input_ids"]
     info = json.load(open(os.path.join(out, "warmstart.json")))
     assert info["config"]["preset"] == "nano" and len(info["history"]) == 3
+    assert info["machine"]["cores"] == os.cpu_count()          # step rates depend on it
     sd = model.state_dict()
     for k, v in loaded.state_dict().items():
         torch.testing.assert_close(v, sd[k].to(torch.bfloat16))

@@ -30,7 +30,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import signal
 import sys
 import time
@@ -212,21 +211,6 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def machine_info() -> dict:
-    import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
-            "torch": torch.__version__, "platform": platform.platform()}
-
-
 def _file_log(path: Path):
     """A trainer log that appends to RUN_DIR/train.log. It opens the file per line, so it
     never creates the run directory itself (the trainer refuses a non-empty new one)."""
@@ -390,7 +374,7 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
         runs.append_jsonl(out / "study_log.jsonl", {
             "start": start, "end": _now(), "wall_s": round(wall, 1), "argv": argv,
             "jobs": jobs, "threads": threads, "planned": len(specs), "skipped": len(skipped),
-            "ran": len(results), "failed": sum(not r["ok"] for r in results), "machine": machine_info()})
+            "ran": len(results), "failed": sum(not r["ok"] for r in results), "machine": runs.machine_info()})
     failed = [r for r in results if not r["ok"]]
     return {"done": [r["run_dir"] for r in results if r["ok"]], "skipped": [str(c.run_dir) for _, c, _ in skipped],
             "failed": failed, "wall_s": wall}
