@@ -44,7 +44,8 @@ def parse_args(argv=None):
     ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(PRESETS)}")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue this run after its latest checkpoint")
     ap.add_argument("--rebuild-warmstart", action="store_true",
-                    help="re-create checkpoints/tiny-warm by supervised warm start first")
+                    help="re-create checkpoints/tiny-warm by supervised warm start first (run "
+                         "again after an interruption: it goes on where it stopped)")
     # = WarmStartConfig.minutes (a test checks it); a literal keeps --help free of the torch import
     ap.add_argument("--warmstart-minutes", type=float, default=95.0, help="stage-1 budget of --rebuild-warmstart")
     add_options(ap.add_argument_group("run options (preset values unless given)"))

@@ -4,8 +4,8 @@
     python -m lopti_minimal.warmstart --recipe          # the shipped checkpoint: `recipe()`, two
                                                         # runs, under 2 hours on 2 free cores
     python -m lopti_minimal.warmstart --recipe derive --out checkpoints/tiny-derive
-    python -m lopti_minimal.warmstart --resume DIR      # go on with an interrupted run (of a
-                                                        # recipe: then its remaining run)
+    python -m lopti_minimal.warmstart --resume DIR      # go on with an interrupted run (an
+                                                        # interrupted --recipe: run it again)
 
 Design choices (in full, with the measurements: docs/TASK_AND_MODELS.md):
 
@@ -556,13 +556,27 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
                       "--out", out]]
 
 
+def resume_plan(runs: list[list[str]]) -> list[list[str]]:
+    """The runs of a recipe still to do: all of them, unless an interrupted run left its
+    training state (OUT.resume; deleted when a run completes): then that run resumed
+    (``--resume OUT``) and the runs after it -- the ones before it had completed, or it
+    would not have started."""
+    outs = [args[args.index("--out") + 1] for args in runs]
+    last = max((i for i, out in enumerate(outs) if os.path.isdir(resume_dir(out))), default=None)
+    if last is None:
+        return runs
+    return [["--resume", outs[last]] + runs[last]] + runs[last + 1:]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Supervised warm start of the tiny K&K model.",
                                  formatter_class=HelpFormatter)
     ap.add_argument("--recipe", nargs="?", const="two-behaviour", choices=("two-behaviour", "derive"),
                     help="make a shipped checkpoint: the two runs of warmstart.recipe() into --out "
                          "(default checkpoints/tiny-warm) and OUT-stage1, with --threads and --minutes; "
-                         "'derive' makes tiny-derive (canonical derivations only)")
+                         "'derive' makes tiny-derive (canonical derivations only); run again after "
+                         "an interruption, it goes on where it stopped (delete OUT.resume and "
+                         "OUT-stage1.resume to start over)")
     ap.add_argument("--resume", metavar="OUT", default=None,
                     help="continue the interrupted run that wrote to OUT, from the training state "
                          "it saved last (OUT.resume); its own options apply, except --threads and "
@@ -581,7 +595,7 @@ def main(argv=None) -> int:
     cfg = WarmStartConfig(**given(a, WarmStartConfig))
     cfg.threads = cfg.threads or os.cpu_count()
     if a.recipe:
-        for args in recipe(cfg.out, a.threads or 2, cfg.minutes, derive_only=a.recipe == "derive"):
+        for args in resume_plan(recipe(cfg.out, a.threads or 2, cfg.minutes, derive_only=a.recipe == "derive")):
             print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
             main(args + ([] if cfg.progress else ["--no-progress"]))
         return 0

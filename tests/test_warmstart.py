@@ -395,3 +395,16 @@ def test_an_interrupted_warm_start_resumes_exactly(kk_tokenizer, tmp_path):
 def test_resume_without_saved_state_says_what_is_missing(tmp_path):
     with pytest.raises(SystemExit, match="no saved training state"):
         warmstart.main(["--resume", str(tmp_path / "nothing")])
+
+
+def test_an_interrupted_recipe_goes_on_with_the_run_it_stopped_in(tmp_path):
+    """warmstart.resume_plan: run again, a recipe resumes the run that left a training
+    state and skips the runs before it (they completed); with no state, it runs them all."""
+    out = str(tmp_path / "warm")
+    runs = warmstart.recipe(out)
+    stage1, stage2 = (args[args.index("--out") + 1] for args in runs)
+    assert warmstart.resume_plan(runs) == runs
+    os.makedirs(warmstart.resume_dir(stage1))
+    assert warmstart.resume_plan(runs) == [["--resume", stage1] + runs[0], runs[1]]
+    os.makedirs(warmstart.resume_dir(stage2))
+    assert warmstart.resume_plan(runs) == [["--resume", stage2] + runs[1]]
