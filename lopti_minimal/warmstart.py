@@ -82,6 +82,8 @@ class WarmStartConfig:
                                 "instead of deriving")
     phrased: bool = option(False, "phrase the derivations freely (phrasing.py): "
                            "reward-irrelevant word choices")
+    phrase_tails: bool = option(False, "with --phrased, a tail word at the end of every "
+                                "derivation line too (phrasing.TAILS): more choice tokens")
     # Curriculum: (progress, {size: weight}); the last stage whose start <= progress applies.
     curriculum: tuple = ((0.0, {2: 1, 3: 2}), (0.08, {2: 1, 3: 3, 4: 2}),
                          (0.25, {3: 3, 4: 3, 5: 2}), (0.5, {3: 2, 4: 3, 5: 3}))
@@ -393,8 +395,10 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     official = kk.load_official()
     heldout = heldout_records(cfg.eval_sizes, cfg.heldout_per_size, exclude=kk.keys_of(official)) \
         if cfg.heldout_per_size > 0 else []
+    if cfg.phrase_tails and not cfg.phrased:
+        raise ValueError("phrase_tails needs phrased (--phrase-tails is a part of --phrased)")
     if response_fn is default_response and (cfg.guess_share > 0 or cfg.phrased):
-        response_fn = TwoBehaviourTargets(cfg.guess_share, cfg.phrased, cfg.seed)
+        response_fn = TwoBehaviourTargets(cfg.guess_share, cfg.phrased, cfg.seed, cfg.phrase_tails)
     if not 0.0 <= cfg.unsolvable_share < 1.0:
         raise ValueError(f"unsolvable_share must lie in [0, 1), got {cfg.unsolvable_share}")
     stream = PuzzleStream(cfg.seed, exclude=kk.keys_of(official) | kk.keys_of(heldout),

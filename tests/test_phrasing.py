@@ -2,7 +2,7 @@
 
 Claims: every phrasing of a derivation is the same derivation (it replays step by step,
 through `phrasing.canonical`) and scores 3; phrasing varies every kind of line; each
-option starts with its own token, so a verdict is one token; a guess is a well-formed,
+option (tail words too) starts with its own token, so a verdict is one token; a guess is a well-formed,
 random answer; the behaviour of a response is read from what precedes "</think>"."""
 import collections
 import os
@@ -21,12 +21,13 @@ SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 GENERATED = {n: dataset.generate_records(n, 40, seed=5, exclude=kk.official_keys()) for n in range(3, 8)}
 
 
+@pytest.mark.parametrize("tails", [False, True])
 @pytest.mark.parametrize("n", range(3, 8))
-def test_every_phrased_derivation_replays_and_scores_3(n):
+def test_every_phrased_derivation_replays_and_scores_3(n, tails):
     rng = random.Random(n)
     for r in GENERATED[n]:
         for _ in range(3):
-            response = behaviours.derive_response(r, rng)
+            response = behaviours.derive_response(r, rng, tails)
             assert score_response(response, r).total == 3.0, response
             text = response.split("\n</think>")[0][1:]
             assert phrasing.canonical(text) == explain.compact_explanation(r)
@@ -61,6 +62,12 @@ def test_every_option_is_used_and_choices_are_near_uniform():
         assert all(used[w] > 0 for w in group), (group, used)
     ends = collections.Counter(line[-1] for line in lines if not line.startswith("found"))
     assert ends["."] > 0.2 * len(lines) and ends[";"] > 0.2 * len(lines), ends
+    tailed = [line.rstrip(".;") for r in GENERATED[3] for line in
+              phrasing.vary(explain.compact_explanation(r), rng, tails=True).split("\n")
+              if not line.startswith("found")]
+    tails = collections.Counter(next((t for t in phrasing.TAILS if line.endswith(t)), "")
+                                for line in tailed)
+    assert all(tails[t] > 0.25 * len(tailed) for t in phrasing.TAILS) and not tails[""], tails
     marks = collections.Counter(phrasing.vary_answer(GENERATED[3][0]["solution_text_format"], rng)[0]
                                 for _ in range(300))
     assert set(marks) == {"(", "1", "-"} and min(marks.values()) > 60, marks
@@ -93,6 +100,15 @@ def test_each_option_is_one_token_and_the_options_of_a_choice_differ():
                 assert ids[1:] == new_tokens(prefix + w, after), (prefix, w)
             firsts.append(ids[0])
         assert len(set(firsts)) == len(firsts), (prefix, group)
+    # The tail words (--phrase-tails), in front of each ending, at the end of each kind of line.
+    for prefix in ("  Amelia=T: not Evelyn=F = T ok", "  Amelia: not Evelyn (at Evelyn)", "\nlet Amelia=T"):
+        for after in phrasing.ENDINGS[1:] + ("\n",):
+            firsts = []
+            for w in phrasing.TAILS:
+                ids = new_tokens(prefix, w + after)
+                assert ids[1:] == new_tokens(prefix + w, after), (prefix, w, after)
+                firsts.append(ids[0])
+            assert len(set(firsts)) == len(firsts), (prefix, after)
     # The answer marks ("(1)", "1.", "-") differ in their first token.
     for prefix, space, i in ((answer, " ", 1), (answer + " (1) Amelia is a knight\n", "", 2)):
         firsts = {new_tokens(prefix, space + m.format(i=i) + " Amelia")[0] for m in phrasing.ANSWER_MARKS}
@@ -128,6 +144,10 @@ def test_two_behaviour_targets_mix_the_asked_share_deterministically():
     share = sum(behaviour_of(t) == GUESS for t in texts) / len(texts)
     assert 0.63 < share < 0.77, share
     assert all(score_response(t, r).total == 3.0 for t, r in zip(texts, recs) if behaviour_of(t) == DERIVE)
+    tailed = TwoBehaviourTargets(0.7, phrased=True, seed=3, tails=True)
+    assert [tailed(r) for r in recs[:50]] == [tailed(r) for r in recs[:50]]
+    assert any(" then" in tailed(r) for r in recs[:50])
+    assert all(score_response(tailed(r), r).total == 3.0 for r in recs if behaviour_of(tailed(r)) == DERIVE)
     plain = TwoBehaviourTargets(0.0, phrased=False)
     assert plain(recs[0]) == behaviours.derive_response(recs[0])
     with pytest.raises(ValueError):

@@ -55,30 +55,33 @@ def guess_response(record: dict, rng: random.Random) -> str:
     return "\n" + prompts.answer_block(answer)
 
 
-def derive_response(record: dict, rng: random.Random | None = None) -> str:
+def derive_response(record: dict, rng: random.Random | None = None, tails: bool = False) -> str:
     """A derivation: the compact explanation, then the answer, phrased at random when
-    ``rng`` is given (canonical otherwise).  Scores 3 under the Logic-RL reward."""
+    ``rng`` is given (canonical otherwise; ``tails``: phrasing.TAILS too).  Scores 3
+    under the Logic-RL reward."""
     if rng is None:
         return prompts.target_response(record, "compact")       # the canonical target
-    text = phrasing.vary(explain.compact_explanation(record), rng)
+    text = phrasing.vary(explain.compact_explanation(record), rng, tails)
     return "\n" + text + "\n" + prompts.answer_block(phrasing.vary_answer(record["solution_text_format"], rng))
 
 
 class TwoBehaviourTargets:
     """The warm start's target for a record: a guess with probability ``guess_share``,
-    else a derivation (phrased when ``phrased``).
+    else a derivation (phrased when ``phrased``, with tail words when ``tails``).
 
     Deterministic per (seed, puzzle): the draws come from a generator seeded by the seed
     and the quiz text, so a record always gets the same target -- the batch-size probe and
     the training batch see the same text, and a rerun trains on the same data."""
 
-    def __init__(self, guess_share: float, phrased: bool = True, seed: int = 0):
+    tails = False                     # (the default of targets saved before the option)
+
+    def __init__(self, guess_share: float, phrased: bool = True, seed: int = 0, tails: bool = False):
         if not 0.0 <= guess_share < 1.0:
             raise ValueError(f"guess_share must lie in [0, 1), got {guess_share}")
-        self.guess_share, self.phrased, self.seed = guess_share, phrased, seed
+        self.guess_share, self.phrased, self.seed, self.tails = guess_share, phrased, seed, tails
 
     def __call__(self, record: dict) -> str:
         rng = random.Random(self.seed * 1_000_003 + zlib.crc32(record["quiz"].encode()))
         if rng.random() < self.guess_share:
             return guess_response(record, rng)
-        return derive_response(record, rng if self.phrased else None)
+        return derive_response(record, rng if self.phrased else None, self.tails)

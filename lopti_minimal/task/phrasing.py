@@ -32,34 +32,42 @@ EQUALS = (" =", " is", " so")
 OK_WORDS = (" ok", " feasible", " truth")
 BAD_WORDS = (" bad", " contradiction", " lie", " false")
 ENDINGS = ("", ".", ";")
+# With tails=True (`--phrase-tails`): a word at the end of every derivation line, in front
+# of the ending -- a second choice where v3 already had one, so nothing copied follows it.
+# Never empty: an empty tail would leave its choice to the ending's token (one token, two
+# choices). It raises the share of choice tokens in a 3-person derivation from about 16%
+# to about 22% (scripts/phrasing_choices.py), above the 20% of sampled tokens below
+# pi_old = 0.5 the warm start is asked for, which v3's choices alone cannot reach.
+TAILS = (" then", " so", " on")
 ANSWER_MARKS = ("({i})", "{i}.", "-")
 
 _alt = lambda words: "|".join(re.escape(w) for w in words)  # noqa: E731
-_END = rf"(?:{_alt(ENDINGS[1:])})?"
+_END = rf"(?:{_alt(TAILS)})?(?:{_alt(ENDINGS[1:])})?"
 _CLAIM_LINE = re.compile(rf"(  \w+: .* \(at \w+\)){_END}")
 _NODE_LINE = re.compile(rf"(?:{_alt(NODE_WORDS)}) (\w+=[TF](?: \w+=[TF])*){_END}")
 _CHECK_LINE = re.compile(rf"  (\w+=[TF]): (.*)(?:{_alt(EQUALS)}) ([TF]) "
                          rf"({_alt([w.strip() for w in OK_WORDS + BAD_WORDS])}){_END}")
 
 
-def vary_line(line: str, rng: random.Random) -> str:
-    """One canonical line of the compact derivation, phrased with random choices."""
+def vary_line(line: str, rng: random.Random, tails: bool = False) -> str:
+    """One canonical line of the compact derivation, phrased with random choices (and a
+    tail word in front of the ending with ``tails``)."""
+    end = lambda: (rng.choice(TAILS) if tails else "") + rng.choice(ENDINGS)   # noqa: E731
     if m := re.fullmatch(r"  (\w+=[TF]): (.*) = ([TF]) (ok|bad)", line):       # a check
         verdict = OK_WORDS if m[4] == "ok" else BAD_WORDS
-        return (f"  {m[1]}: {m[2]}{rng.choice(EQUALS)} {m[3]}{rng.choice(verdict)}"
-                f"{rng.choice(ENDINGS)}")
+        return f"  {m[1]}: {m[2]}{rng.choice(EQUALS)} {m[3]}{rng.choice(verdict)}{end()}"
     if re.fullmatch(r"  \w+: .* \(at \w+\)", line):                             # a claim
-        return line + rng.choice(ENDINGS)
+        return line + end()
     if m := re.fullmatch(r"try (.*)", line):                                   # a node
-        return f"{rng.choice(NODE_WORDS)} {m[1]}{rng.choice(ENDINGS)}"
+        return f"{rng.choice(NODE_WORDS)} {m[1]}{end()}"
     if re.fullmatch(r"(found|guess) .*", line):                                # the end
         return line
     raise ValueError(f"not a line of the compact derivation: {line!r}")
 
 
-def vary(explanation: str, rng: random.Random) -> str:
+def vary(explanation: str, rng: random.Random, tails: bool = False) -> str:
     """A canonical compact derivation (explain.compact_explanation), phrased at random."""
-    return "\n".join(vary_line(line, rng) for line in explanation.split("\n"))
+    return "\n".join(vary_line(line, rng, tails) for line in explanation.split("\n"))
 
 
 def vary_answer(solution_text_format: str, rng: random.Random) -> str:
