@@ -324,11 +324,13 @@ def resume_dir(out: str) -> str:
     return out.rstrip("/") + ".resume"
 
 
-def save_state(model, tokenizer, state: dict, out: str) -> None:
+def save_state(model, tokenizer, state: dict, record: dict, out: str) -> None:
     """The training state at a step boundary, atomically (runs.save_hf_atomic): the float32
     weights as a Hugging Face folder and, in warmstart_state.pt, everything else the loop
-    needs to go on as if never stopped (``state``: optimizer, generators, stream, queue...)."""
-    save_hf_atomic(model, tokenizer, resume_dir(out), {STATE_FILE: state})
+    needs to go on as if never stopped (``state``: optimizer, generators, stream, queue...);
+    beside it the run's record so far (warmstart.json: every evaluation, where OUT holds
+    the best one's), which scripts/warmstart_curves.py reads while the run goes on."""
+    save_hf_atomic(model, tokenizer, resume_dir(out), {STATE_FILE: state, "warmstart.json": record})
 
 
 def load_state(out: str) -> tuple:
@@ -511,7 +513,7 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
         if due:
             do_eval()
         if cfg.state_every_steps and step % cfg.state_every_steps == 0:
-            save_state(model, tokenizer, state(), cfg.out)
+            save_state(model, tokenizer, state(), record(), cfg.out)
             log(f"[state] step {step}: {resume_dir(cfg.out)}")
     bar.close()
     log(f"[warmstart] {step} steps in {(time.time() - t0) / 60:.1f} min; final evaluation")
@@ -621,4 +623,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m`, this file is the module __main__; the resume state pickles objects
+    # of this module (the config, the puzzle stream), so they are made by the importable
+    # lopti_minimal.warmstart, which any entry point (train.py too) can load them from.
+    from lopti_minimal import warmstart
+    sys.exit(warmstart.main())

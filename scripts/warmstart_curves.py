@@ -1,8 +1,10 @@
 """Two or more warm starts' evaluations side by side, step by step (markdown table).
 
     python scripts/warmstart_curves.py checkpoints/tiny-warm-stage1 runs/phrased-stage1
+    python scripts/warmstart_curves.py checkpoints/tiny-warm-stage1 runs/phrased-stage1.resume
 
-Each argument is a warm-start checkpoint folder (or its warmstart.json): the `history` the
+Each argument is a warm-start checkpoint folder (or its warmstart.json; the OUT.resume folder
+of a run still going holds every evaluation so far): the `history` the
 warm start records at every periodic evaluation (warmstart.warm_start: greedy accuracy on
 the first --eval-per-size official puzzles and on the --heldout-per-size generated
 held-out puzzles, per size in `eval_sizes`) and at the final one.  Rows are matched by

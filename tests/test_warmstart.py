@@ -383,6 +383,9 @@ def test_an_interrupted_warm_start_resumes_exactly(kk_tokenizer, tmp_path):
         warmstart.warm_start(cfg(tmp_path / "b"), tokenizer=kk_tokenizer, log=stop_after_state)
     model, tok, state = warmstart.load_state(str(tmp_path / "b"))
     assert state["step"] == 4 and [h["step"] for h in state["history"]] == [3]
+    record = json.load(open(os.path.join(warmstart.resume_dir(str(tmp_path / "b")), "warmstart.json")))
+    assert [h["step"] for h in record["history"]] == [3]        # readable while a run goes on
+    assert type(state["config"]).__module__ == "lopti_minimal.warmstart"
     resumed, _, hist_resumed = warmstart.warm_start(state["config"], model=model, tokenizer=tok,
                                                     resume=state, log=lambda s: None)
     assert [h["step"] for h in hist_resumed] == [3, 6, 8]

@@ -21,6 +21,10 @@ Design choices:
    about 18% of its sampled derivation tokens below pi_old = 0.5 instead of about 1%.
 5. `canonical` maps any phrased derivation back to the canonical text, so the replay tests
    and the error scripts read one form.
+6. The choices set a ceiling on the share of tokens below 0.5: about 17% of a phrased
+   3-person derivation's tokens are choices, short of the 20% asked of the warm start;
+   `tails=True` (`--phrase-tails`) adds a word at each line's end and reaches about 22%
+   (scripts/phrasing_choices.py).
 """
 from __future__ import annotations
 
