@@ -14,8 +14,10 @@ them) is then roughly the share below 0.5 such a model's derivations reach at T 
 for other reasons come on top (scripts/token_bins.py measures a model).
 
 Prints, per size, the mean response tokens, the mean number of choices and their share,
-for the phrasing with and without tail words (--phrase-tails).  Generated puzzles (seed
-777 + n), not the official sets.
+for the phrasing with and without tail words (--phrase-tails); and the longest target
+among those puzzles and as many unsolvable ones (a full search that finds nothing, the
+longest kind), against the RL response cap.  Generated puzzles (seed 777 + n), not the
+official sets.
 """
 from __future__ import annotations
 
@@ -39,15 +41,25 @@ class CountingRandom(random.Random):
         return super().choice(seq)
 
 
+def response_tokens(text: str, tokenizer) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1      # + eos
+
+
 def choice_share(records, tokenizer, tails: bool) -> dict:
     from lopti_minimal.task.behaviours import derive_response
     tokens = choices = 0
     for i, r in enumerate(records):
         rng = CountingRandom(i)
-        text = derive_response(r, rng, tails)
-        tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1   # + eos
+        tokens += response_tokens(derive_response(r, rng, tails), tokenizer)
         choices += rng.choices
     return {"tokens": tokens / len(records), "choices": choices / len(records), "share": choices / tokens}
+
+
+def longest(records, tokenizer, tails: bool) -> int:
+    """The longest phrased target among ``records`` (response tokens with eos)."""
+    from lopti_minimal.task.behaviours import derive_response
+    return max(response_tokens(derive_response(r, random.Random(i), tails), tokenizer)
+               for i, r in enumerate(records))
 
 
 def main(argv=None) -> int:
@@ -59,13 +71,15 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
     from lopti_minimal.task import dataset, kk
     tok = AutoTokenizer.from_pretrained(a.tokenizer)
-    print("| people | phrasing | response tokens | choices | share of tokens |\n|---|---|---|---|---|")
+    print("| people | phrasing | response tokens | choices | share of tokens | longest, with unsolvable |\n"
+          "|---|---|---|---|---|---|")
     for n in a.sizes:
         recs = dataset.generate_records(n, a.puzzles, seed=777 + n, exclude=kk.official_keys())
+        unsolvable = dataset.generate_unsolvable_records(n, a.puzzles, seed=1)
         for tails in (False, True):
             s = choice_share(recs, tok, tails)
             print(f"| {n} | {'--phrased --phrase-tails' if tails else '--phrased'} | {s['tokens']:.1f} "
-                  f"| {s['choices']:.1f} | {s['share']:.3f} |")
+                  f"| {s['choices']:.1f} | {s['share']:.3f} | {longest(recs + unsolvable, tok, tails)} |")
     return 0
 
 

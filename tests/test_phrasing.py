@@ -152,3 +152,19 @@ def test_two_behaviour_targets_mix_the_asked_share_deterministically():
     assert plain(recs[0]) == behaviours.derive_response(recs[0])
     with pytest.raises(ValueError):
         TwoBehaviourTargets(1.0)
+
+
+def test_tail_words_lift_the_share_of_choice_tokens_above_a_fifth():
+    """scripts/phrasing_choices.py (quoted in docs/TWO_BEHAVIOURS.md): version 3's choices
+    are under 20% of a 3-person derivation's tokens, with tail words over 20% -- the
+    ceiling each sets on the share of sampled tokens below pi_old = 0.5."""
+    import importlib.util
+    from transformers import AutoTokenizer
+    spec = importlib.util.spec_from_file_location(
+        "phrasing_choices", os.path.join(os.path.dirname(SHIPPED), os.pardir, "scripts", "phrasing_choices.py"))
+    pc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pc)
+    tok = AutoTokenizer.from_pretrained(SHIPPED)
+    plain, tailed = (pc.choice_share(GENERATED[3], tok, tails) for tails in (False, True))
+    assert 0.14 < plain["share"] < 0.19 < 0.20 < tailed["share"] < 0.25, (plain, tailed)
+    assert tailed["choices"] > plain["choices"] + 10
