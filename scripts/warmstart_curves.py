@@ -32,7 +32,7 @@ def load_history(path: str) -> list[dict]:
 def cell(entry: dict | None, split: str, size: str) -> str:
     if entry is None or size not in entry.get(split, {}):
         return ""
-    return f"{entry[split][size]['accuracy']:.2f}"
+    return f"{entry[split][size]['accuracy']:.3f}"        # 40 puzzles: steps of 0.025
 
 
 def table(histories: dict[str, list[dict]]) -> str:

@@ -352,8 +352,8 @@ def test_warmstart_curves_script_lines_up_two_runs_by_evaluation(tmp_path):
                                          "official": {"3": {"accuracy": acc}}, "heldout": {"3": {"accuracy": acc / 2}}}
     rows = wc.table({"a": [ev(100, 0.25), ev(200, 0.5, final=True)], "b": [ev(100, 0.75)]}).split("\n")
     assert rows[0] == "| eval | a step | min | off 3p | held 3p | b step | min | off 3p | held 3p |"
-    assert rows[2] == "| 1 | 100 | 1 | 0.25 | 0.12 | 100 | 1 | 0.75 | 0.38 |"
-    assert rows[3] == "| 2 | 200 (final) | 2 | 0.50 | 0.25 |  |  |  |  |"
+    assert rows[2] == "| 1 | 100 | 1 | 0.250 | 0.125 | 100 | 1 | 0.750 | 0.375 |"
+    assert rows[3] == "| 2 | 200 (final) | 2 | 0.500 | 0.250 |  |  |  |  |"
     assert len(wc.load_history(SHIPPED_STAGE1)) == 8
 
 def test_an_interrupted_warm_start_resumes_exactly(kk_tokenizer, tmp_path):
