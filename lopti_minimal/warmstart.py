@@ -585,8 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "OUT-stage1.resume to start over)")
     ap.add_argument("--resume", metavar="OUT", default=None,
                     help="continue the interrupted run that wrote to OUT, from the training state "
-                         "it saved last (OUT.resume); its own options apply, except --threads and "
-                         "--no-progress")
+                         "it saved last (OUT.resume), writing to OUT; its own options apply, except "
+                         "--threads and --no-progress")
     ap.add_argument("--init", default=None,
                     help="continue from this checkpoint (its tokenizer too) with a fresh schedule "
                          "and the last curriculum stage")
@@ -606,10 +606,11 @@ def main(argv=None) -> int:
             main(args + ([] if cfg.progress else ["--no-progress"]))
         return 0
     model = tokenizer = state = None
-    if a.resume:                      # the run's own config; only these two follow the command
+    if a.resume:                      # the run's own config; only these follow the command
         model, tokenizer, state = load_state(a.resume)
-        state["config"].threads, state["config"].progress = cfg.threads, cfg.progress
-        cfg = state["config"]
+        cfg, threads, progress = state["config"], cfg.threads, cfg.progress
+        # OUT as given now: the saved (maybe relative) path may point elsewhere from here
+        cfg.out, cfg.threads, cfg.progress = a.resume, threads, progress
     elif a.init:
         model, tokenizer = load_model_and_tokenizer(a.init, dtype=torch.float32, device="cpu")
         cfg.curriculum = (cfg.curriculum[-1],)

@@ -411,3 +411,24 @@ def test_an_interrupted_recipe_goes_on_with_the_run_it_stopped_in(tmp_path):
     assert warmstart.resume_plan(runs) == [["--resume", stage1] + runs[0], runs[1]]
     os.makedirs(warmstart.resume_dir(stage2))
     assert warmstart.resume_plan(runs) == [["--resume", stage2] + runs[1]]
+
+
+def test_resume_writes_where_it_was_told_not_where_the_run_first_wrote(kk_tokenizer, tmp_path, monkeypatch):
+    """`--resume OUT` keeps writing to OUT: a run moved (or resumed from another working
+    directory) must not write to the path saved in its config."""
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    cfg = WarmStartConfig(preset="nano", out=str(first), steps=4, lr=5e-3, warmup_steps=2,
+                          tokens_per_batch=512, curriculum=((0.0, {2: 1}),), eval_per_size=0,
+                          heldout_per_size=0, final_eval_per_size=0, state_every_steps=2,
+                          progress=False)
+
+    def stop(line):
+        if line.startswith("[state] step 2"):
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        warmstart.warm_start(cfg, tokenizer=kk_tokenizer, log=stop)
+    os.rename(warmstart.resume_dir(str(first)), warmstart.resume_dir(str(moved)))
+    seen = []
+    monkeypatch.setattr(warmstart, "warm_start", lambda c, **k: seen.append(c.out) or (None, None, []))
+    warmstart.main(["--resume", str(moved)])
+    assert seen == [str(moved)]
