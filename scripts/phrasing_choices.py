@@ -41,25 +41,22 @@ class CountingRandom(random.Random):
         return super().choice(seq)
 
 
-def response_tokens(text: str, tokenizer) -> int:
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1      # + eos
-
-
-def choice_share(records, tokenizer, tails: bool) -> dict:
+def measure(records, tokenizer, tails: bool) -> list[tuple[int, int]]:
+    """Per record: (response tokens with eos, choices) of its phrased target; record i
+    is phrased with seed i."""
     from lopti_minimal.task.behaviours import derive_response
-    tokens = choices = 0
+    out = []
     for i, r in enumerate(records):
         rng = CountingRandom(i)
-        tokens += response_tokens(derive_response(r, rng, tails), tokenizer)
-        choices += rng.choices
-    return {"tokens": tokens / len(records), "choices": choices / len(records), "share": choices / tokens}
+        text = derive_response(r, rng, tails)
+        out.append((len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1, rng.choices))
+    return out
 
 
-def longest(records, tokenizer, tails: bool) -> int:
-    """The longest phrased target among ``records`` (response tokens with eos)."""
-    from lopti_minimal.task.behaviours import derive_response
-    return max(response_tokens(derive_response(r, random.Random(i), tails), tokenizer)
-               for i, r in enumerate(records))
+def choice_share(measured: list[tuple[int, int]]) -> dict:
+    """Mean tokens and choices per target, and the choices' share of all tokens."""
+    tokens, choices = (sum(col) for col in zip(*measured))
+    return {"tokens": tokens / len(measured), "choices": choices / len(measured), "share": choices / tokens}
 
 
 def main(argv=None) -> int:
@@ -77,9 +74,10 @@ def main(argv=None) -> int:
         recs = dataset.generate_records(n, a.puzzles, seed=777 + n, exclude=kk.official_keys())
         unsolvable = dataset.generate_unsolvable_records(n, a.puzzles, seed=1)
         for tails in (False, True):
-            s = choice_share(recs, tok, tails)
+            m = measure(recs + unsolvable, tok, tails)          # the solvable ones first
+            s = choice_share(m[:len(recs)])
             print(f"| {n} | {'--phrased --phrase-tails' if tails else '--phrased'} | {s['tokens']:.1f} "
-                  f"| {s['choices']:.1f} | {s['share']:.3f} | {longest(recs + unsolvable, tok, tails)} |")
+                  f"| {s['choices']:.1f} | {s['share']:.3f} | {max(t for t, _ in m)} |")
     return 0
 
 

@@ -10,13 +10,14 @@ import random
 import re
 
 import pytest
+from conftest import ROOT
 from test_explain import replay_compact
 
 from lopti_minimal.task import behaviours, dataset, explain, kk, phrasing
 from lopti_minimal.task.behaviours import DERIVE, GUESS, TwoBehaviourTargets, behaviour_of
 from lopti_minimal.task.reward import score_response
 
-SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny-warm")
+SHIPPED = os.path.join(ROOT, "checkpoints", "tiny-warm")
 
 GENERATED = {n: dataset.generate_records(n, 40, seed=5, exclude=kk.official_keys()) for n in range(3, 8)}
 
@@ -160,11 +161,10 @@ def test_tail_words_lift_the_share_of_choice_tokens_above_a_fifth():
     ceiling each sets on the share of sampled tokens below pi_old = 0.5."""
     import importlib.util
     from transformers import AutoTokenizer
-    spec = importlib.util.spec_from_file_location(
-        "phrasing_choices", os.path.join(os.path.dirname(SHIPPED), os.pardir, "scripts", "phrasing_choices.py"))
+    spec = importlib.util.spec_from_file_location("phrasing_choices", os.path.join(ROOT, "scripts", "phrasing_choices.py"))
     pc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pc)
     tok = AutoTokenizer.from_pretrained(SHIPPED)
-    plain, tailed = (pc.choice_share(GENERATED[3], tok, tails) for tails in (False, True))
+    plain, tailed = (pc.choice_share(pc.measure(GENERATED[3], tok, tails)) for tails in (False, True))
     assert 0.14 < plain["share"] < 0.19 < 0.20 < tailed["share"] < 0.25, (plain, tailed)
     assert tailed["choices"] > plain["choices"] + 10

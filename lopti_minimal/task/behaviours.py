@@ -73,8 +73,6 @@ class TwoBehaviourTargets:
     and the quiz text, so a record always gets the same target -- the batch-size probe and
     the training batch see the same text, and a rerun trains on the same data."""
 
-    tails = False                     # (the default of targets saved before the option)
-
     def __init__(self, guess_share: float, phrased: bool = True, seed: int = 0, tails: bool = False):
         if not 0.0 <= guess_share < 1.0:
             raise ValueError(f"guess_share must lie in [0, 1), got {guess_share}")
