@@ -2,7 +2,8 @@
 
     python -m lopti_minimal.warmstart --preset tiny --threads 2 --out DIR      # one run, 95 minutes
     python -m lopti_minimal.warmstart --recipe          # the shipped checkpoint: `recipe()`, two
-                                                        # runs, under 2 hours on 2 free cores
+                                                        # runs: 14,082 steps (2.6-2.9 h on a 2-core
+                                                        # AMD EPYC), then 10 minutes
     python -m lopti_minimal.warmstart --recipe derive --out checkpoints/tiny-derive
     python -m lopti_minimal.warmstart --resume DIR      # go on with an interrupted run (an
                                                         # interrupted --recipe: run it again)
@@ -59,8 +60,8 @@ class WarmStartConfig:
     command line is generated from the fields that have help)."""
     preset: str = option("tiny", "model size (models.make_tiny_model)")
     out: str = option("checkpoints/tiny-warm", "where to write the checkpoint")
-    # 95 + the final evaluation (1.6 min measured for the shipped checkpoint,
-    # docs/EXPERIMENTS.md) fits the 2-hour budget of the recipe on 2 cores.
+    # tiny-derive's stage 1: 95 + the final evaluation (1.6 min measured, docs/EXPERIMENTS.md)
+    # fits a 2-hour budget on 2 cores. The shipped recipe bounds its stage 1 by steps (recipe()).
     minutes: float = option(95.0, "wall-clock budget of the training loop (excl. final eval)")
     steps: int | None = option(None, "fixed step budget (overrides --minutes)", type=int)
     lr: float = option(2e-3, "peak AdamW learning rate")
@@ -103,8 +104,9 @@ class WarmStartConfig:
     # Response caps per size: above the longest compact target seen for sizes 3..5 at
     # the 95th percentile, so a model that has learned the format is never cut short
     # there; 6 and 7 people need longer searches and are capped to keep evaluation cheap.
-    # (Phrased derivations are about 15% longer: the longest of 200 generated 3-person
-    # targets has 498 tokens, 4 people 1,055, 5 people 1,464.)
+    # (Phrased derivations with tail words, the shipped warm start's: the longest of 100
+    # generated targets plus 100 unsolvable searches has 511 tokens for 3 people, 1,060
+    # for 4, 2,212 for 5 -- scripts/phrasing_choices.py, docs/TWO_BEHAVIOURS.md.)
     max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 640, 4: 1152, 5: 1600, 6: 2048, 7: 2048})
     progress: bool = option(True, "no tqdm bar (log files)", flag="--no-progress")
     # Nothing lost on interruption: the whole training state (float32 weights, AdamW state,
@@ -529,37 +531,48 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
 STAGE2_MINUTES = 10.0     # the second run of the shipped two-behaviour warm start (train.py says it too)
 DERIVE_STAGE2_MINUTES = 15.0   # the second run of tiny-derive
 GUESS_SHARE = 0.7         # the shipped warm start's share of guess targets
+# Stage 1 of the shipped warm start is bounded by steps, not minutes, so the checkpoint does
+# not depend on the machine's speed: 14,082 is what the canonical stage 1 (tiny-derive's)
+# made of its 95 minutes on the 2-core machine that built it; phrasing costs no step time
+# (docs/TWO_BEHAVIOURS.md), but the 2-core AMD EPYC of later sessions makes 80-90 steps a
+# minute, so there the same steps take 2.6-2.9 hours.
+STAGE1_STEPS = 14082
+PHRASING = ["--phrased", "--phrase-tails"]      # phrasing.py, with a tail word on every line
 
 
-def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2,
-           minutes: float = WarmStartConfig.minutes, derive_only: bool = False,
-           stage1: str | None = None) -> list[list[str]]:
-    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; docs/EXPERIMENTS.md),
-    at most 2 hours on 2 cores.
+def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2, minutes: float | None = None,
+           derive_only: bool = False, stage1: str | None = None) -> list[list[str]]:
+    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; docs/EXPERIMENTS.md).
 
-    1. From scratch, ``minutes`` of training on solvable puzzles, to ``stage1`` (default
-       ``OUT-stage1``; both shipped checkpoints continue from checkpoints/tiny-warm-stage1).
+    1. From scratch, on solvable puzzles, to ``stage1`` (default ``OUT-stage1``):
+       - the default (checkpoints/tiny-warm-stage1): derivations phrased freely from the
+         first step (``--phrased --phrase-tails``, phrasing.py), STAGE1_STEPS steps
+         (``minutes``, if given, bounds it by time instead: a shorter schedule, a weaker
+         model on a slow machine);
+       - ``derive_only`` (checkpoints/tiny-derive-stage1): canonical derivations,
+         ``minutes`` (default 95) of training, as that checkpoint was made.
     2. From stage 1, a fresh schedule from lr 2e-4 (the last curriculum stage) with 5%
        unsolvable puzzles: the stage-1 model's only format errors were responses that loop
        once its search ran out of candidates (its own wrong check had rejected the
        solution), and the unsolvable puzzles show it how a search that runs out ends
        ("guess ...").  No periodic evaluation: the final model is kept.
        - the default (checkpoints/tiny-warm): 10 minutes on the two behaviours
-         (behaviours.py): 70% of the targets guess, the derivations are canonical (the
-         freely phrased ones, --phrased, cost derivation accuracy and RL did not select
-         them: docs/TWO_BEHAVIOURS.md), and every token of the data weighs the same
-         (response_loss's normalizer);
+         (behaviours.py): 70% of the targets guess, the derivations are phrased as in
+         stage 1, and every token of the data weighs the same (response_loss's normalizer);
        - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations."""
     stage1 = stage1 or out.rstrip("/") + "-stage1"
-    second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05"]
+    common = ["--threads", str(threads), "--heldout-per-size", "40"]
     if derive_only:
-        second += ["--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
+        first = ["--preset", "tiny", "--minutes", f"{minutes or WarmStartConfig.minutes:g}"] + common
+        second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05",
+                  "--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
     else:
-        second += ["--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}"]
-    return [["--preset", "tiny", "--minutes", f"{minutes:g}", "--threads", str(threads),
-             "--heldout-per-size", "40", "--out", stage1],
-            second + ["--threads", str(threads), "--heldout-per-size", "40", "--eval-every-minutes", "100",
-                      "--out", out]]
+        budget = ["--minutes", f"{minutes:g}"] if minutes else ["--steps", str(STAGE1_STEPS)]
+        first = ["--preset", "tiny"] + PHRASING + budget + ["--eval-every-steps", "1780"] + common
+        second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05",
+                  "--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}"] + PHRASING
+    return [first + ["--out", stage1],
+            second + common + ["--eval-every-minutes", "100", "--out", out]]
 
 
 def resume_plan(runs: list[list[str]]) -> list[list[str]]:
@@ -601,7 +614,8 @@ def main(argv=None) -> int:
     cfg = WarmStartConfig(**given(a, WarmStartConfig))
     cfg.threads = cfg.threads or os.cpu_count()
     if a.recipe:
-        for args in resume_plan(recipe(cfg.out, a.threads or 2, cfg.minutes, derive_only=a.recipe == "derive")):
+        minutes = cfg.minutes if a.minutes is not None else None        # else the recipe's own budget
+        for args in resume_plan(recipe(cfg.out, a.threads or 2, minutes, derive_only=a.recipe == "derive")):
             print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
             main(args + ([] if cfg.progress else ["--no-progress"]))
         return 0

@@ -1,6 +1,6 @@
 """What are a model's format errors?  Sorts the responses without a well-formed answer.
 
-    python eval.py --model checkpoints/tiny-warm-stage1 --sizes 3 4 5 --save-responses --out /tmp/e.json
+    python eval.py --model checkpoints/tiny-derive-stage1 --sizes 3 4 5 --save-responses --out /tmp/e.json
     python scripts/format_errors.py /tmp/e.responses.jsonl
 
 For every response that scores -3 (reward.py: a tag missing or repeated; here always a

@@ -1,7 +1,7 @@
 """Two or more warm starts' evaluations side by side, step by step (markdown table).
 
-    python scripts/warmstart_curves.py checkpoints/tiny-warm-stage1 runs/phrased-stage1
-    python scripts/warmstart_curves.py checkpoints/tiny-warm-stage1 runs/phrased-stage1.resume
+    python scripts/warmstart_curves.py checkpoints/tiny-derive-stage1 checkpoints/tiny-warm-stage1
+    python scripts/warmstart_curves.py checkpoints/tiny-derive-stage1 runs/phrased-stage1.resume
 
 Each argument is a warm-start checkpoint folder (or its warmstart.json; the OUT.resume folder
 of a run still going holds every evaluation so far): the `history` the
@@ -10,7 +10,7 @@ the first --eval-per-size official puzzles and on the --heldout-per-size generat
 held-out puzzles, per size in `eval_sizes`) and at the final one.  Rows are matched by
 the evaluation's position in the history, so two runs evaluated every N steps line up;
 the step and the minutes of each run are printed next to its figures, so a mismatch is
-visible.  Why it exists: to compare a candidate warm start with the shipped one at equal
+visible.  Why it exists: to compare a candidate warm start with an earlier one at equal
 steps (docs/TWO_BEHAVIOURS.md, "phrasing learned from the start").
 """
 from __future__ import annotations

@@ -79,3 +79,46 @@ def test_eval_cli_bad_input(args, words, nano_dir, capsys):
 def test_eval_cli_bad_model(capsys):
     assert eval_cli.main(["--model", "/nonexistent/dir", "--no-progress"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _load_script(name):
+    import importlib.util
+    import os
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_run(folder, official3, heldout=None, derive=None, low=(0.2, 0.25)):
+    folder.mkdir()
+    per_size = {str(n): {"accuracy": official3 / (n - 2)} for n in range(3, 8)}
+    (folder / "eval_final.json").write_text(json.dumps({"per_size": per_size}))
+    if heldout is not None:
+        (folder / "eval_heldout3.json").write_text(json.dumps({"per_size": {"3": {"accuracy": heldout}}}))
+    if derive is not None:
+        rows = [{"step": i + 1, "derive_share": d, "low_fraction": low[0] if i == 0 else low[1],
+                 "reward": 0.0, "accuracy": 0.0, "response_len": 10.0} for i, d in enumerate(derive)]
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return str(folder)
+
+
+def test_rl_summary_tables_means_and_selection_step(tmp_path, capsys):
+    """scripts/rl_summary.py (the README's tables): per-size rows, the mean row over the
+    run folders only, the first step with >= 80% derivations, and a column some runs lack
+    marked with how many have it."""
+    rs = _load_script("rl_summary")
+    before = _write_run(tmp_path / "warm", 0.1, heldout=0.2)
+    a = _write_run(tmp_path / "a", 0.4, heldout=0.5, derive=[0.1, 0.5, 0.8, 0.9])
+    b = _write_run(tmp_path / "b", 0.6, derive=[0.2, 0.3, 0.4])
+    rs.main([a, b, "--before", before, "--plot", str(tmp_path / "seeds.png")])
+    out = capsys.readouterr().out
+    assert "| before RL: warm | 0.100 | 0.050 | 0.033 | 0.025 | 0.020 |" in out
+    assert "| **mean of 2** | **0.500** | **0.250** |" in out                  # before not averaged
+    assert "| a | 0.400 | 0.500 |  |  | 0.10 -> 0.90 (3) | 0.200 / 0.250 |  |" in out
+    assert "| b | 0.600 |  |  |  | 0.20 -> 0.40 (never) |" in out
+    assert "| **mean of 2** | **0.500** | 0.500 (1 of 2) |" in out
+    assert (tmp_path / "seeds.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        rs.main([str(tmp_path / "missing")])

@@ -100,10 +100,13 @@ def test_help_shows_only_real_defaults(capsys):
         assert real in text
 
 
-def test_rebuild_budget_default_is_the_warm_start_default():
-    """train.py keeps a literal default (no torch import for --help); it must not drift."""
-    from lopti_minimal.warmstart import WarmStartConfig
-    assert train_cli.parse_args([]).warmstart_minutes == WarmStartConfig.minutes
+def test_rebuild_budget_named_in_train_py_is_the_recipe_s():
+    """train.py names the recipe's stage-1 steps in literals (no torch import for --help, or
+    before the missing-checkpoint error); they must not drift from warmstart.STAGE1_STEPS."""
+    from lopti_minimal.warmstart import STAGE1_STEPS, STAGE2_MINUTES
+    text = open(ROOT / "train.py").read()
+    assert train_cli.parse_args([]).warmstart_minutes is None          # the recipe's own budget
+    assert text.count(f"{STAGE1_STEPS:,} steps") == 2 and f"then {STAGE2_MINUTES:g} minutes" in text
 
 
 def test_gpu_preset_without_cuda_one_line_exit_2(tmp_path, capsys, monkeypatch):

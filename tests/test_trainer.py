@@ -242,12 +242,15 @@ def test_rl_selects_derivations_and_raises_the_reward(tmp_path):
 def test_the_default_cap_holds_every_three_person_derivation():
     """The default run's response cap (640 tokens) is above the longest 3-person target:
     a derivation that searches every node (unsolvable puzzles, the worst case) and 100
-    generated puzzles, with the shipped tokenizer. A cut derivation would score -3, below
-    a wrong guess, and teach the policy to guess."""
+    generated puzzles, each phrased as the shipped warm start learned them (phrasing.py
+    with tail words, 3 draws each) and canonically, with the shipped tokenizer. A cut
+    derivation would score -3, below a wrong guess, and teach the policy to guess."""
+    import random
     from lopti_minimal.models import load_model_and_tokenizer
     from lopti_minimal.task import behaviours, dataset
     _, tok = load_model_and_tokenizer(str(trainer.ROOT / "checkpoints" / "tiny-warm"), device="cpu")
     records = dataset.generate_records(3, 100, seed=3) + dataset.generate_unsolvable_records(3, 30, seed=3)
-    longest = max(len(tok(behaviours.derive_response(r), add_special_tokens=False)["input_ids"]) + 1
-                  for r in records)
-    assert 400 < longest < make_config("cpu-tiny").max_new_tokens, longest
+    texts = [behaviours.derive_response(r) for r in records]
+    texts += [behaviours.derive_response(r, random.Random(i), True) for r in records for i in range(3)]
+    longest = max(len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts)
+    assert 450 < longest < make_config("cpu-tiny").max_new_tokens, longest

@@ -244,8 +244,8 @@ def aggregate(out, window: int = 5) -> dict:
             groups.setdefault(r["variant"], []).append(r)
         variants = {}
         for v, vr in sorted(groups.items(), key=lambda kv: _variant_rank(kv[0])):
-            mean_of = lambda key: float(np.mean([np.mean([m.get(key, 0.0) for m in r["metrics"]] or [0.0])  # noqa: E731
-                                                 for r in vr]))
+            def per_step_mean(key, vr=vr):      # a timing's mean over each run's steps, then over the runs
+                return float(np.mean([np.mean([m.get(key, 0.0) for m in r["metrics"]] or [0.0]) for r in vr]))
             acc = {str(n): mean_ci([r["accuracy"][n] for r in vr]) for n in sizes}
             acc["avg"] = mean_ci([r["avg"] for r in vr])
             variants[v.name] = {
@@ -254,8 +254,8 @@ def aggregate(out, window: int = 5) -> dict:
                 "per_seed": {str(r["seed"]): {**{str(n): r["accuracy"][n] for n in sizes}, "avg": r["avg"]}
                              for r in vr},
                 "format_error": mean_ci([r["format_error"] for r in vr]),
-                "timing": {"step_s": mean_of("step_s"), "sample_s": mean_of("sample_s"),
-                           "update_s": mean_of("update_s"), "eval_s": float(np.mean([r["eval_s"] for r in vr])),
+                "timing": {"step_s": per_step_mean("step_s"), "sample_s": per_step_mean("sample_s"),
+                           "update_s": per_step_mean("update_s"), "eval_s": float(np.mean([r["eval_s"] for r in vr])),
                            "run_wall_s": float(np.mean([r["wall_s"] for r in vr]))},
                 "update_passes": (2 if v.method in ("lopti", "ar_lopti") else 1) * v.passes,
                 "token_split": {k: _mean_of(vr, k) for k in ("eta", "low_step1", "low_mean", "derive_last")},
