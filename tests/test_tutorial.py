@@ -71,12 +71,14 @@ def test_tutorial_runs_end_to_end(tmp_path, monkeypatch):
     assert g[0] is not None and g[3] is not None and g[0] > g[3]
     # 3. The ratio of the first update on fresh samples is exactly 1.
     assert s["ratio_first_update_max_dev"] == 0.0
-    # 4. The top bin's share of a step's squared gradient norm: in Lopti's stage 2 only bins
-    #    2-3 take part, so it is far larger there than in the joint GRPO step.
-    shares = s["grad_share_top_bin"]
+    # 4. The low bins' (pi_old < 0.5) share of a step's squared gradient norm: in the joint
+    #    GRPO step larger than their share of the tokens (paper Fig. 1b), smaller with AR's
+    #    weights (Eq. 4), none in Lopti's stage 2 (only bins 2-3 take part).
+    shares = s["grad_share_low_bins"]
     assert set(shares) == {"GRPO", "AR", "Lopti 2"} and all(0 <= v <= 1 for v in shares.values())
     if s["nonzero_advantages"]:          # (a batch whose groups are all constant moves nothing)
-        assert shares["Lopti 2"] > shares["GRPO"]
+        assert shares["GRPO"] > sum(s["token_share"][:2]) + 0.2, (shares, s["token_share"])
+        assert shares["AR"] < shares["GRPO"] and shares["Lopti 2"] == 0.0, shares
     # 5. Two short runs with the same seed: the same first rollout, all steps logged, evaluated.
     runs = s["train"]
     assert set(runs) == {"grpo", "ar_lopti"}
