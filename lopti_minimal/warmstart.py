@@ -592,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=HelpFormatter)
     ap.add_argument("--recipe", nargs="?", const="two-behaviour", choices=("two-behaviour", "derive"),
                     help="make a shipped checkpoint: the two runs of warmstart.recipe() into --out "
-                         "(default checkpoints/tiny-warm) and OUT-stage1, with --threads and --minutes; "
+                         "(default checkpoints/tiny-warm) and OUT-stage1, with --threads (--minutes: stage 1 "
+                         f"bounded by time instead of its {STAGE1_STEPS:,} steps); "
                          "'derive' makes tiny-derive (canonical derivations only); run again after "
                          "an interruption, it goes on where it stopped (delete OUT.resume and "
                          "OUT-stage1.resume to start over)")
