@@ -40,17 +40,12 @@ TRAINING_PANELS = (("reward", "mean reward"), ("accuracy", "accuracy of sampled 
                    ("response_len", "response tokens"))
 
 
-def plot_training(metrics: list[dict], path, window: int = 5) -> str:
-    """One panel per metric of TRAINING_PANELS that the run logged (runs written before
-    the derivation share existed have three)."""
-    steps = [m["step"] for m in metrics]
-    panels = [(k, label) for k, label in TRAINING_PANELS if all(k in m for m in metrics)]
+def _training_figure(panels, path, draw) -> str:
+    """One panel per (metric, title) of ``panels``; ``draw(ax, key)`` plots into each."""
     fig = Figure(figsize=(4.3 * len(panels), 3.6))
     axes = fig.subplots(1, len(panels))
     for ax, (key, label) in zip(axes, panels):
-        y = [m[key] for m in metrics]
-        ax.plot(steps, y, alpha=0.35, lw=1, label="per step")
-        ax.plot(steps, moving_average(y, window), lw=2, label=f"moving avg ({window})")
+        draw(ax, key)
         ax.set_xlabel("RL step")
         ax.set_title(label)
         ax.grid(alpha=0.3)
@@ -58,6 +53,28 @@ def plot_training(metrics: list[dict], path, window: int = 5) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return str(path)
+
+
+def plot_training(metrics: list[dict], path, window: int = 5) -> str:
+    """One panel per metric of TRAINING_PANELS that the run logged (runs written before
+    the derivation share existed have three)."""
+    steps = [m["step"] for m in metrics]
+    panels = [(k, label) for k, label in TRAINING_PANELS if all(k in m for m in metrics)]
+
+    def draw(ax, key):
+        y = [m[key] for m in metrics]
+        ax.plot(steps, y, alpha=0.35, lw=1, label="per step")
+        ax.plot(steps, moving_average(y, window), lw=2, label=f"moving avg ({window})")
+    return _training_figure(panels, path, draw)
+
+
+def plot_runs(runs: dict, path) -> str:
+    """Several runs' training curves, one line per run: {label: metrics (per-step dicts)}
+    (scripts/rl_summary.py: the seeds of the default run, the README's figure)."""
+    def draw(ax, key):
+        for label, metrics in runs.items():
+            ax.plot([m["step"] for m in metrics], [m[key] for m in metrics], lw=1.5, marker=".", label=label)
+    return _training_figure(TRAINING_PANELS, path, draw)
 
 
 def plot_eval_curve(evals: list[dict], path) -> str:

@@ -562,16 +562,15 @@ def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2, minutes: float 
        - ``derive_only`` (checkpoints/tiny-derive): 15 minutes of canonical derivations."""
     stage1 = stage1 or out.rstrip("/") + "-stage1"
     common = ["--threads", str(threads), "--heldout-per-size", "40"]
+    second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05"]
     if derive_only:
-        first = ["--preset", "tiny", "--minutes", f"{minutes or WarmStartConfig.minutes:g}"] + common
-        second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05",
-                  "--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
+        first = ["--preset", "tiny", "--minutes", f"{minutes or WarmStartConfig.minutes:g}"]
+        second += ["--minutes", f"{DERIVE_STAGE2_MINUTES:g}"]
     else:
         budget = ["--minutes", f"{minutes:g}"] if minutes else ["--steps", str(STAGE1_STEPS)]
-        first = ["--preset", "tiny"] + PHRASING + budget + ["--eval-every-steps", "1780"] + common
-        second = ["--init", stage1, "--lr", "2e-4", "--unsolvable-share", "0.05",
-                  "--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}"] + PHRASING
-    return [first + ["--out", stage1],
+        first = ["--preset", "tiny"] + PHRASING + budget + ["--eval-every-steps", "1780"]
+        second += ["--minutes", f"{STAGE2_MINUTES:g}", "--guess-share", f"{GUESS_SHARE:g}"] + PHRASING
+    return [first + common + ["--out", stage1],
             second + common + ["--eval-every-minutes", "100", "--out", out]]
 
 
@@ -615,8 +614,8 @@ def main(argv=None) -> int:
     cfg = WarmStartConfig(**given(a, WarmStartConfig))
     cfg.threads = cfg.threads or os.cpu_count()
     if a.recipe:
-        minutes = cfg.minutes if a.minutes is not None else None        # else the recipe's own budget
-        for args in resume_plan(recipe(cfg.out, a.threads or 2, minutes, derive_only=a.recipe == "derive")):
+        # --minutes given: stage 1 bounded by time; not given (None): the recipe's own budget
+        for args in resume_plan(recipe(cfg.out, a.threads or 2, a.minutes, derive_only=a.recipe == "derive")):
             print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
             main(args + ([] if cfg.progress else ["--no-progress"]))
         return 0

@@ -30,11 +30,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lopti_minimal.experiments.report import selection  # noqa: E402
-from lopti_minimal.plots import TRAINING_PANELS  # noqa: E402
+from lopti_minimal.plots import plot_runs  # noqa: E402
 
 SIZES = ("3", "4", "5", "6", "7")
 THREE = (("official greedy", "official"), ("held-out greedy", "eval_heldout3.json"),
@@ -135,24 +134,6 @@ def three_table(before, runs, mean, reference) -> list[str]:
     return lines
 
 
-def plot_seeds(runs: list[dict], path) -> str:
-    """The per-step training curves (plots.TRAINING_PANELS) of several runs, one line each."""
-    runs = [r for r in runs if r["metrics"]]
-    fig = Figure(figsize=(4.3 * len(TRAINING_PANELS), 3.6))
-    axes = fig.subplots(1, len(TRAINING_PANELS))
-    for ax, (key, label) in zip(axes, TRAINING_PANELS):
-        for r in runs:
-            ax.plot([m["step"] for m in r["metrics"]], [m[key] for m in r["metrics"]], lw=1.5,
-                    marker=".", label=r["name"])
-        ax.set_xlabel("RL step")
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return str(path)
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="RL run folders (train.py's, or copies of their files)")
@@ -170,7 +151,7 @@ def main(argv=None) -> None:
     print("\n".join(size_table(before, runs, mean, reference)) + "\n")
     print("\n".join(three_table(before, runs, mean, reference)))
     if a.plot:
-        print("\nwrote", plot_seeds(runs, a.plot))
+        print("\nwrote", plot_runs({r["name"]: r["metrics"] for r in runs if r["metrics"]}, a.plot))
 
 
 if __name__ == "__main__":

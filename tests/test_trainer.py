@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from conftest import load_script
 from lopti_minimal import models, runs, trainer
 from lopti_minimal.trainer import TrainError, make_config
 
@@ -199,11 +200,7 @@ def test_memory_estimate_follows_the_precision_policy():
                                      weights="bfloat16")
     assert (low["weights"], low["optimizer"]) == (1.0, 1.0) and low["peak"] < small["peak"]
     # Every GPU preset fits the GPU it is sized for (benchmarks/memory_table.py's rows).
-    import importlib.util
-    ROOT = trainer.ROOT
-    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "benchmarks" / "memory_table.py")
-    mt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mt)
+    mt = load_script("benchmarks/memory_table.py")
     for name, cfg, m in mt.rows():
         assert m["peak"] + 1 <= trainer.GPU_MEMORY_GB[name], (name, m["peak"])
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 from lopti_minimal import warmstart
 from lopti_minimal.models import count_parameters, kk_prompt, load_model_and_tokenizer, make_tiny_model
 from lopti_minimal.task import dataset, kk, prompts
@@ -257,10 +257,7 @@ def test_shipped_warm_start_samples_tokens_of_every_probability():
     rollout temperature a fifth of its sampled tokens have pi_old < 0.5 (measured 0.22 on
     256 samples, docs/TWO_BEHAVIOURS.md; tiny-derive 0.012), in the derivations as much as
     in the guesses. scripts/token_bins.py's measurement, on 6 puzzles x 8 samples."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("token_bins", os.path.join(ROOT, "scripts", "token_bins.py"))
-    tb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tb)
+    tb = load_script("scripts/token_bins.py")
     model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
     res = tb.measure(model, tok, prompts=6, group_size=8)
     assert res["all"]["below_0.5"] >= 0.15 and res["derive"]["below_0.5"] >= 0.15, res
@@ -340,11 +337,7 @@ def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
     """scripts/teacher_forced_errors.py (quoted in docs/RL_FROM_DERIVE.md): every response token gets
     exactly one kind of line, the derivation's kinds are all present, and the counts of
     wrong tokens are bounded by the token counts."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "teacher_forced_errors", os.path.join(ROOT, "scripts", "teacher_forced_errors.py"))
-    tfe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tfe)
+    tfe = load_script("scripts/teacher_forced_errors.py")
     assert tfe.line_kind("  Amelia: not Evelyn (at Evelyn)") == "claim"
     assert tfe.line_kind("try Amelia=T Penelope=F") == "try"
     assert tfe.line_kind("  Amelia=T: not Evelyn=F = T ok") == "check"
@@ -363,11 +356,7 @@ def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
 
 def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop():
     """scripts/format_errors.py (quoted in docs/RL_FROM_DERIVE.md) on hand-made responses."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "format_errors", os.path.join(ROOT, "scripts", "format_errors.py"))
-    fe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fe)
+    fe = load_script("scripts/format_errors.py")
     ran_out = "\ntry A=T\n  A=T: B=F = F bad\ntry A=F\ntry A=F B=T\n  x bad\ntry A=F B=F\n  x bad\ntry A=F B=T\n"
     mid = "\ntry A=T\ntry A=T B=T\n  x bad\ntry A=T\n"
     assert fe.classify(ran_out) == "loop after the search ran out"
@@ -379,11 +368,7 @@ def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop()
 def test_warmstart_curves_script_lines_up_two_runs_by_evaluation(tmp_path):
     """scripts/warmstart_curves.py (quoted in docs/TWO_BEHAVIOURS.md): one row per
     evaluation, each run's step and accuracies in its own columns, a shorter run blank."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "warmstart_curves", os.path.join(ROOT, "scripts", "warmstart_curves.py"))
-    wc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wc)
+    wc = load_script("scripts/warmstart_curves.py")
     ev = lambda step, acc, final=False: {"step": step, "minutes": step / 100, "final": final,  # noqa: E731
                                          "official": {"3": {"accuracy": acc}}, "heldout": {"3": {"accuracy": acc / 2}}}
     rows = wc.table({"a": [ev(100, 0.25), ev(200, 0.5, final=True)], "b": [ev(100, 0.75)]}).split("\n")
