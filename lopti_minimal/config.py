@@ -124,6 +124,10 @@ class TrainConfig:
     eps_high: float = option(0.24, "PPO clip range above 1 (clip-higher)")
     clip_c: float = option(10.0, "dual-clip bound for negative advantages")   # reference
     kl_coef: float = option(0.001, "k3 KL coefficient to the frozen initial policy")  # reference
+    # The reference fork clamps the k3 log-ratio to [-5, 5] (its low_var_kl): a token whose
+    # probability rose > e^5 above pi_ref's gets a constant KL term. Current verl: 20.
+    kl_log_ratio_clamp: float = option(5.0, "clamp of log pi_ref - log pi in the k3 KL: 5 (the "
+                                       "reference fork) | 20 (current verl)")
     # reference 256: one optimizer step per stage whenever prompts x G <= 256
     mini_batch_size: int = option(256, "responses per optimizer step")
     micro_batch_size: int = option(32, "responses per forward/backward (memory only)")
@@ -165,6 +169,12 @@ class TrainConfig:
     rollout_chunk: int = option(0, "prompts per sampling call (0 = all): bounds the KV cache on a GPU")
     threads: int | None = option(None, "torch CPU threads (default: all cores)", type=int)
 
+    # --- the mechanism over training (mechanism.py): per-bin rise / fall shares after every
+    # update cost one no-grad forward and are always logged; each bin's share of the squared
+    # gradient norm costs four backward passes, so it is measured every N steps when asked
+    grad_shares_every: int = option(0, "log each probability bin's share of the squared gradient "
+                                    "norm every N steps, from step 1 (0: never)")
+
     # --- evaluation (official 3..7-person sets; accuracy = the greedy response scores 3)
     eval_every: int = option(0, "evaluate every N steps (0: only at the end)")
     eval_sizes: tuple = option((3, 4, 5, 6, 7), "official sizes to evaluate, e.g. 3,4",
@@ -200,7 +210,8 @@ class TrainConfig:
         return GRPOConfig(group_size=self.group_size, temperature=self.temperature, lr=self.lr,
                           weight_decay=self.weight_decay, grad_clip=self.grad_clip,
                           eps_low=self.eps_low, eps_high=self.eps_high, clip_c=self.clip_c,
-                          kl_coef=self.kl_coef, mini_batch_size=self.mini_batch_size,
+                          kl_coef=self.kl_coef,
+                          kl_log_ratio_clamp=self.kl_log_ratio_clamp, mini_batch_size=self.mini_batch_size,
                           micro_batch_size=self.micro_batch_size, grad_accum=self.grad_accum,
                           ppo_epochs=self.ppo_epochs)
 
@@ -307,6 +318,9 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"temperature must be > 0, got {cfg.temperature}")
     if not cfg.lr > 0:
         raise TrainError(f"lr must be > 0, got {cfg.lr}")
+    if not cfg.kl_log_ratio_clamp > 0 or cfg.kl_log_ratio_clamp > 20:
+        raise TrainError(f"kl-log-ratio-clamp must lie in (0, 20] (5 = the reference fork, 20 = "
+                         f"current verl), got {cfg.kl_log_ratio_clamp}")
     if cfg.grad_accum not in ("global", "verl"):
         raise TrainError(f"grad accum must be global or verl, got {cfg.grad_accum!r}")
     from .precision import PrecisionError, check_precision   # torch: only once a config is built
@@ -314,8 +328,8 @@ def validate(cfg: TrainConfig) -> None:
         check_precision(cfg)
     except PrecisionError as e:
         raise TrainError(str(e)) from None
-    if cfg.save_every < 0 or cfg.eval_every < 0 or cfg.keep_checkpoints < 0:
-        raise TrainError("save-every, eval-every and keep-checkpoints must be >= 0")
+    if min(cfg.save_every, cfg.eval_every, cfg.keep_checkpoints, cfg.grad_shares_every) < 0:
+        raise TrainError("save-every, eval-every, keep-checkpoints and grad-shares-every must be >= 0")
 
 
 def config_to_json(cfg: TrainConfig) -> dict:
@@ -330,5 +344,7 @@ def config_from_json(d: dict) -> TrainConfig:
     for k in ("rl_sizes", "eval_sizes"):
         if k in d:
             d[k] = tuple(d[k])
+    # Runs saved before the clamp was an option ran with current verl's 20 (see grpo.kl_k3).
+    d.setdefault("kl_log_ratio_clamp", 20.0)
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in d.items() if k in names})

@@ -18,6 +18,11 @@ Design choices:
    reference's mean of per-micro-batch means.
 4. A mini-batch with nothing to train on (e.g. an empty Lopti stage) makes no optimizer
    step, where the reference would still step on a zero gradient (see lopti.py).
+5. Mini-batch membership. Ours are contiguous slices of the group-major batch (the G
+   responses of a prompt stay together). The reference first reorders the rows
+   (`_balance_batch` in its ray_trainer.py, which balances token counts across GPUs), so
+   its mini-batches mix groups differently. Whenever prompts x G <= mini_batch_size (every
+   preset here) there is one mini-batch per pass and the two agree up to summation order.
 """
 from __future__ import annotations
 
@@ -51,12 +56,17 @@ class GRPOConfig:
     clip_c: float = 10.0           # clip_ratio_c: dual clip, loss <= -A * c when A < 0
     kl_coef: float = 0.001         # kl_loss_coef, with use_kl_loss = True
     kl_type: str = "low_var_kl"    # k3 estimator, clamped to [-10, 10]
+    kl_log_ratio_clamp: float = 5.0    # the fork's low_var_kl clamps log pi_ref - log pi to
+                                       # [-5, 5]; current verl: 20 (see kl_k3)
     loss_agg_mode: str = "token-mean"   # or "seq-mean-token-mean"
     mini_batch_size: int = 256     # responses per optimizer step (ppo_mini_batch_size=256;
                                    # the fork does not multiply it by n), so a 64x8 batch
                                    # makes 2 optimizer steps
-    micro_batch_size: int = 32     # responses per forward/backward (ppo_micro_batch_size=32);
-                                   # only memory depends on it under grad_accum="global"
+    micro_batch_size: int = 32     # responses per forward/backward; only memory depends on
+                                   # it under grad_accum="global". Not the reference's: its
+                                   # ppo_micro_batch_size=32 is split over 4 GPUs, 8 rows per
+                                   # forward on each, so grad_accum="verl" reproduces the
+                                   # reference's per-micro-batch means only with 8 here.
     grad_accum: str = "global"     # "global": exact whole-mini-batch token-mean;
                                    # "verl": the reference's per-micro-batch mean (see below)
     ppo_epochs: int = 1            # one pass over the batch per rollout
@@ -170,18 +180,24 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 # ------------------------------------------------------------------------ losses
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) per token (verl's `kl_penalty`
-    in the reference fork):
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, log_ratio_clamp: float = 5.0) -> torch.Tensor:
+    """k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) per token, as the reference
+    fork's `kl_penalty` computes it:
 
-        k3 = exp(ref - logp) - (ref - logp) - 1,   clamped to [-10, 10].
+        d  = clamp(log pi_ref - log pi_theta, -5, 5)
+        k3 = clamp(exp(d) - d - 1, -10, 10).
 
-    Non-negative, zero when the policies agree. As in current verl `kl_penalty`, the
-    log-ratio is clamped to [-20, 20] before the exp so that exp never overflows (an inf
-    would turn the clamp's zero gradient into NaN); any |log-ratio| > 20 already saturates
-    the outer clamp, so this does not change any finite value.
+    Non-negative, zero when the policies agree. The clamp on d is part of the estimator,
+    not only an overflow guard: once a token's probability under pi_theta has risen more
+    than e^5 (~148x) above pi_ref's, d sits at -5, k3 is the constant e^-5 + 4 = 4.0067
+    and that token's KL term has no gradient; on the other side (pi_theta fell e^5 below
+    pi_ref) k3 is e^5 - 6 = 142.4, over the outer clamp, so 10 without gradient already
+    from d ~ 2.61. `log_ratio_clamp=20` gives current verl's `kl_penalty`, whose term keeps
+    pulling a risen token back (d = -6: k3 5.0025, gradient 0.9975 w.r.t. log pi_theta);
+    20 is as far as it can go, since exp(20) already saturates the outer clamp and a
+    larger exp could overflow (an inf would turn the clamp's zero gradient into NaN).
     """
-    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+    log_ratio = (ref_logp - logp).clamp(-log_ratio_clamp, log_ratio_clamp)
     return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
 
 
@@ -309,7 +325,7 @@ def _micro_batch_loss(model, batch, mb, advantages, ref_logp, train_mask, denom_
                          config.eps_low, config.eps_high, config.clip_c)
     kl = torch.zeros_like(pg)
     if ref_logp is not None:
-        kl = kl_k3(logp, ref_logp[mb])
+        kl = kl_k3(logp, ref_logp[mb], config.kl_log_ratio_clamp)
     per_token = pg + config.kl_coef * kl
     # Masked tokens contribute 0 to the numerator; `dm` decides the denominator.
     tm, dm = train_mask[mb], denom_mask[mb]

@@ -39,7 +39,7 @@ from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advant
 from .lopti import lopti_update, split_by_probability
 from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
                      load_model_and_tokenizer, set_gradient_checkpointing)
-from . import precision
+from . import mechanism, precision
 from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
 from .precision import build_optimizer
@@ -274,6 +274,13 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         #     advantages, before any split ---
         if cfg.uses_ar:
             batch["advantages"] = reweight_advantages(batch["advantages"], batch["old_logprobs"], cfg.alpha)
+        # plumbing: the mechanism (mechanism.py): each bin's share of the squared gradient
+        # norm at pi_old (Fig. 1b), every grad_shares_every steps; the log-probs before the
+        # update, computed as the ones after it will be
+        mech = {}
+        if cfg.grad_shares_every and step % cfg.grad_shares_every == 0:
+            mech["grad_sq_share"] = mechanism.gradient_sq_shares(model, batch, ref_logp, gcfg)
+        before = batch["old_logprobs"] if cfg.recompute_old_logprobs else batch_logprobs(model, batch, gcfg)
         t1 = time.perf_counter()
         # --- paper: the update. Lopti, Algorithm 1 (split at pi_old < eta; update the
         #     low-probability tokens, then the high ones), or one GRPO update (Eq. 1) ---
@@ -284,11 +291,14 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         else:
             stages = (grpo_update(model, ref_logp, optimizer, batch, gcfg),)
             low = float(split_by_probability(batch["old_logprobs"], mask, cfg.eta)[0].sum() / mask.sum().clamp_min(1))
-    t_update = time.perf_counter() - t1
+        t_update = time.perf_counter() - t1
+        # plumbing: the mechanism (Fig. 3 at every step): which tokens rose / fell, per bin
+        mech.update(mechanism.step_shares(before, batch_logprobs(model, batch, gcfg),
+                                          batch["advantages"], mask))
 
     # plumbing: metrics. KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
     n_tok = float(mask.sum())
-    kl = float((kl_k3(batch["old_logprobs"], ref_logp) * mask).sum() / max(n_tok, 1)) if ref_logp is not None else 0.0
+    kl = float((kl_k3(batch["old_logprobs"], ref_logp, cfg.kl_log_ratio_clamp) * mask).sum() / max(n_tok, 1)) if ref_logp is not None else 0.0
     # Token shares of the stages in the order they ran (stage 1 = the high tokens if high_first).
     shares = ((low, 1 - low) if cfg.lopti_order == "low_first" else (1 - low, low)) if len(stages) == 2 else (1.0,)
     correct = (rewards == reward.RIGHT).float()
@@ -311,6 +321,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         "pg_loss": sum(st["pg_loss"] for st in stages),
         # Ratios of the first update: exactly 1 on its first mini-batch (fresh samples).
         "ratio_min": stages[0]["ratio_min"], "ratio_max": stages[0]["ratio_max"],
+        **mech,
         "tokens": int(n_tok),
         "sample_s": round(t_sample, 3),
         "update_s": round(t_update, 3),
@@ -450,7 +461,9 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
         append_jsonl(metrics_path, m)
         if writer:
             for k, v in m.items():
-                writer.add_scalar(f"train/{k}", v, m["step"])
+                for name, x in ([(f"{k}/bin{i}", x) for i, x in enumerate(v)] if isinstance(v, list) else [(k, v)]):
+                    if x is not None:
+                        writer.add_scalar(f"train/{name}", x, m["step"])
         bar.update(1)
         bar.set_postfix(reward=f"{m['reward']:+.2f}", acc=f"{m['accuracy']:.2f}", refresh=False)
         log(summary_line(m, cfg.steps))

@@ -75,7 +75,8 @@ NOT_IN_TRL = {
     "lopti_order": "LoptiGRPOTrainer(lopti_order=...)",
     "recompute_old_logprobs": "always on in the subclass (pi_old by a teacher-forced forward)",
     "adv_eps = 1e-6, equal groups -> 0": "LoptiGRPOTrainer(paper_advantages=True)",
-    "k3 clamp [-10, 10], log-ratio clamp [-20, 20]": "not expressible without copying _compute_loss",
+    "k3 clamp [-10, 10], its log-ratio clamp [-5, 5] (kl_log_ratio_clamp), the ratio's [-20, 20]":
+        "not expressible without copying _compute_loss",
     "estimator='reinforce_pp'": "not mapped (GRPO advantages only)",
     "grad_accum='verl'": "not mapped (TRL's 'bnpo' is a per-micro-batch mean but divides by the "
                          "accumulation steps, not the reference's micro-batch count per GPU)",

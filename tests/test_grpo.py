@@ -1,6 +1,7 @@
 """GRPO, and the known pitfalls of GRPO implementations (zero-variance groups, temperature,
 masks, gradient accumulation, the k3 KL)."""
 import copy
+import math
 
 import pytest
 import torch
@@ -88,13 +89,56 @@ def test_kl_k3_zero_nonneg_clamped_and_finite():
     y = torch.randn(1000)
     k = kl_k3(x, y)
     assert (k >= 0).all()
-    d = y - x
+    d = (y - x).clamp(-5, 5)
     assert torch.allclose(k, (d.exp() - d - 1).clamp(-10, 10))
-    logp = torch.tensor([-200.0, 0.0, -1.0], requires_grad=True)
-    k = kl_k3(logp, torch.tensor([0.0, -200.0, -1.5]))
-    assert k[0] == 10 and k[1] == 10                     # clamped, both directions
-    k.sum().backward()
-    assert torch.isfinite(logp.grad).all() and logp.grad[0] == 0 and logp.grad[1] == 0
+    for clamp in (5.0, 20.0):
+        logp = torch.tensor([-200.0, 0.0, -1.0], requires_grad=True)
+        k = kl_k3(logp, torch.tensor([0.0, -200.0, -1.5]), clamp)
+        assert k[0] == 10                                  # pi_theta far below pi_ref
+        assert k[1] == (10 if clamp == 20 else math.exp(-5) + 4)   # far above
+        k.sum().backward()
+        assert torch.isfinite(logp.grad).all() and logp.grad[0] == 0 and logp.grad[1] == 0
+
+
+@pytest.mark.parametrize("d", [-12.0, -9.0, -7.0, -6.0, -5.5, -5.0, -4.5, 2.0, 2.7, 5.0, 6.0, 12.0])
+def test_kl_k3_log_ratio_clamp_value_and_gradient(d):
+    """The reference fork's low_var_kl clamps d = log pi_ref - log pi_theta to [-5, 5]
+    before the exp; current verl to [-20, 20]. Value and gradient (w.r.t. log pi_theta)
+    against a hand computation: inside the clamps k3 = e^d - d - 1 with gradient
+    -(e^d - 1) = 1 - e^d; a clamped d or a clamped k3 (> 10) has no gradient."""
+    for clamp in (5.0, 20.0):
+        logp = torch.tensor([0.0], dtype=torch.float64, requires_grad=True)
+        k = kl_k3(logp, torch.tensor([d], dtype=torch.float64), clamp)
+        k.backward()
+        dc = max(-clamp, min(clamp, d))
+        value = math.exp(dc) - dc - 1
+        grad = 1 - math.exp(d) if abs(d) <= clamp else 0.0
+        if value > 10:
+            value, grad = 10.0, 0.0
+        assert k.item() == pytest.approx(value, rel=1e-12), (d, clamp)
+        assert float(logp.grad) == pytest.approx(grad, rel=1e-12, abs=1e-15), (d, clamp)
+    # The difference the clamp makes, as numbers: a token whose probability rose e^6 above
+    # pi_ref's keeps a pulling gradient only under current verl's clamp.
+    if d == -6.0:
+        assert float(kl_k3(torch.tensor([0.0]), torch.tensor([d]))) == pytest.approx(4.0067, abs=1e-4)
+        assert float(kl_k3(torch.tensor([0.0]), torch.tensor([d]), 20.0)) == pytest.approx(5.0025, abs=1e-4)
+
+
+def test_kl_clamp_reaches_the_update():
+    """GRPOConfig.kl_log_ratio_clamp is the clamp grpo_update's KL term uses: with zero
+    advantages and pi_ref's log-probs 8 below pi_theta's on every token (d = -8), the
+    fork's clamp (5, the default) leaves the KL term without gradient, current verl's (20)
+    pulls every token back, and a clamp of 9 pulls as 20 does."""
+    assert GRPOConfig().kl_log_ratio_clamp == 5.0
+    model = tiny_llama()
+    r, b = rollout_batch(model)
+    b["advantages"] = torch.zeros_like(b["advantages"])
+    ref_logp = (b["old_logprobs"] - 8.0) * b["response_mask"]
+    grads = {c: _grad(model, b, GRPOConfig(mini_batch_size=12, micro_batch_size=4,
+                                           kl_log_ratio_clamp=c), ref_logp) for c in (5.0, 9.0, 20.0)}
+    assert grads[5.0].abs().max() == 0
+    assert grads[20.0].abs().max() > 1e-4
+    assert torch.allclose(grads[9.0], grads[20.0])
 
 
 def test_token_mean_vs_seq_mean_token_mean():

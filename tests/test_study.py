@@ -35,17 +35,18 @@ def fake_model(tmp_path):
 
 
 def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0, heldout=None,
-                   low=None):
+                   low=None, extra=None):
     """What trainer.train leaves behind, reduced to what study.py reads (derivation share =
     the reward; the held-out evaluation only if ``heldout`` is given; ``low``: the logged
-    low_fraction per step)."""
+    low_fraction per step; ``extra``: more metrics per step)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for i, r in enumerate(rewards):
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
                                 "sample_s": step_s / 2, "update_s": step_s / 4, "derive_share": r,
-                                "truncated": 0.0, **({"low_fraction": low[i]} if low else {})}) + "\n")
+                                "truncated": 0.0, **({"low_fraction": low[i]} if low else {}),
+                                **(extra[i] if extra else {})}) + "\n")
     if heldout is not None:
         (run_dir / G.HELDOUT_FILE).write_text(json.dumps({"overall": {"accuracy": heldout}}))
     (run_dir / "eval_final.json").write_text(json.dumps(

@@ -37,16 +37,13 @@ import torch
 from ..grpo import (GRPOConfig, batch_from_rollout, batch_logprobs, group_advantages,
                    grpo_update, reference_adamw, token_advantages, token_logprobs)
 from ..lopti import lopti_update
+# The paper's fixed bins of pi_old (Fig. 1, Fig. 3), shared with the trainer's per-step metrics.
+from ..mechanism import BIN_EDGES, BIN_LABELS, N_BINS, bin_index, bin_masks  # noqa: F401
 from ..models import is_instruct, kk_prompt, load_model_and_tokenizer
 from ..reweight import reweight_advantages
 from ..sampling import sample_groups
 from ..task import dataset
 from ..task.reward import score_response
-
-# The paper's fixed bins (Fig. 1, Fig. 3); the last one is closed at 1.
-BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
-BIN_LABELS = ("[0,.25)", "[.25,.5)", "[.5,.75)", "[.75,1]")
-N_BINS = 4
 
 # The paper's Figure 1 numbers (Qwen2.5-7B-Instruct-1M, GRPO on K&K).
 PAPER_FIG1 = {"token_share": [0.19, 0.10, 0.10, 0.61],
@@ -92,18 +89,6 @@ def grpo_config(cfg: DiagConfig, batch_rows: int, grad_clip: float = math.inf,
 
 
 # --------------------------------------------------------------------------- bins
-
-
-def bin_index(p: torch.Tensor) -> torch.Tensor:
-    """Bin of each probability: 0 for [0,.25), 1 for [.25,.5), 2 for [.5,.75), 3 for [.75,1]."""
-    edges = torch.tensor(BIN_EDGES[1:-1], dtype=p.dtype, device=p.device)
-    return torch.bucketize(p, edges, right=True)
-
-
-def bin_masks(p: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor]:
-    """Four float [B, R] masks, one per bin, over the valid tokens only."""
-    b = bin_index(p)
-    return [((b == k) & (valid > 0)).float() for k in range(N_BINS)]
 
 
 def per_bin_mean(values: torch.Tensor, masks: list[torch.Tensor]) -> list[float | None]:

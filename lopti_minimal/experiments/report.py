@@ -23,6 +23,9 @@ from .. import runs
 from ..trainer import ROOT
 from .grid import (GRID_PAIRS, GRID_TITLES, GRIDS, GRPO, HELDOUT_FILE, PAPER_KK, RUNTIME_FIELDS, VARIANT_FIELDS,
                    Variant, config_diff, setting_key, warm_start_eval_path)
+from .mechanism_report import MECH_KEYS, plot_mechanism, run_scalars
+from .mechanism_report import curves as mechanism_curves
+from .mechanism_report import tables as mechanism_tables
 from .stats import mean_ci, paired_diff, t975
 
 HAND_BEGIN = "<!-- BEGIN HAND-WRITTEN: study.py keeps this block when it regenerates the file -->"
@@ -71,7 +74,7 @@ def read_run(run_dir) -> dict:
             "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
             "tokens": _size_mean(ev, "mean_tokens"),
             "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall),
-            "heldout": heldout, **selection(metrics), **token_split(metrics, cfg)}
+            "heldout": heldout, **selection(metrics), **token_split(metrics, cfg), **run_scalars(metrics)}
 
 
 SELECT_AT = 0.8          # "the behaviour is selected": derivations are >= 80% of the samples
@@ -197,16 +200,18 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
         if vs is not None:
             for k, key in (("vs_grpo", "format_error"), ("tokens_vs_grpo", "tokens")):
                 fmt[k] = _paired(vr, base, lambda r, key=key: r[key])
-        sel = {}
-        for key in SELECTION_KEYS:
-            have = [r for r in vr if r.get(key) is not None]
-            if not have:
-                continue
-            sel[key] = {"mean": mean_ci([r[key] for r in have]),
-                        "vs_grpo": _paired(have, base, lambda r, key=key: r.get(key)) if vs is not None else None}
+        sel, mech = {}, {}
+        for keys, into in ((SELECTION_KEYS, sel), (MECH_KEYS, mech)):
+            for key in keys:
+                have = [r for r in vr if r.get(key) is not None]
+                if not have:
+                    continue
+                into[key] = {"mean": mean_ci([r[key] for r in have]),
+                             "vs_grpo": _paired(have, base, lambda r, key=key: r.get(key)) if vs is not None else None}
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
-                        "format_error": fmt, "selection": sel,
-                        "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None}
+                        "format_error": fmt, "selection": sel, "mechanism": mech,
+                        "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None,
+                        "mechanism_curves": mechanism_curves(vr, window) if vr else None}
     pairs = [pair_diffs(groups, a, b, seeds) for a, b in GRID_PAIRS.get(grid, ())]
     return {"seeds": seeds, "rows": rows, "pairs": [d for d in pairs if d]}
 
@@ -614,6 +619,15 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                       "area under the share-of-derivations curve (mean share per step), and the share of "
                       "samples cut at the response cap during training; mean ± 95% t half-width over seeds, "
                       "and the paired difference from GRPO:", ""] + st + [""]
+            mt = mechanism_tables(table, _cell, _diff_cell)
+            if mt:
+                L += ["The mechanism (the paper's Fig. 3 and Fig. 1b at every step; lopti_minimal/mechanism.py): "
+                      "per bin of pi_old, the share of A > 0 tokens whose probability rose in the step's whole "
+                      "update, and of A < 0 tokens whose probability fell, among the tokens whose probability "
+                      "moved at all, averaged over the run's steps; the low bins' (pi_old < 0.5) share of the "
+                      "squared gradient norm of the method's loss at pi_old (bins as Lopti stages), and the mean "
+                      "-log pi_old of the sampled tokens (an entropy estimate). Mean ± 95% t half-width over "
+                      "seeds; Δ: paired difference from GRPO:", ""] + mt
             pl = _pair_lines(table)
             if pl:
                 L += ["Paired comparisons within this grid:", ""] + pl + [""]
@@ -625,6 +639,10 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                 fc = plot_curves(table, figures_dir / f"study-{preset}-{grid}-curves.png",
                                  f"{preset}: {GRID_TITLES[grid]}", res["window"])
                 L += [f"![learning curves, {grid}]({rel(fc)})", ""]
+                if mt:
+                    fm = plot_mechanism(table, figures_dir / f"study-{preset}-{grid}-mechanism.png",
+                                        f"{preset}: {GRID_TITLES[grid]}", res["window"])
+                    L += [f"![mechanism, {grid}]({rel(fm)})", ""]
                 if grid == "main":
                     fs = plot_sizes(table, sizes, figures_dir / f"study-{preset}-main-sizes.png",
                                     f"{preset}: final greedy accuracy, mean and 95% t interval")
