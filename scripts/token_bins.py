@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def measure(model, tokenizer, prompts: int = 32, group_size: int = 8, people: int = 3,
-            temperature: float = 0.7, max_new_tokens: int = 640, seed: int = 424243) -> dict:
+            temperature: float = 0.7, max_new_tokens: int = 640, seed: int = 424243,
+            keep_texts: bool = False) -> dict:
     import torch
     from lopti_minimal.task import dataset, kk
     from lopti_minimal.task.behaviours import DERIVE, behaviour_of
@@ -50,7 +51,7 @@ def measure(model, tokenizer, prompts: int = 32, group_size: int = 8, people: in
         return {"tokens": int(n), "token_share": token_shares(bin_masks(p, v)),
                 "below_0.5": float(((p < 0.5).float() * v).sum()) / n if n else None}
 
-    return {"responses": len(texts), "derive_share": float(derive.mean()),
+    return {**({"texts": texts} if keep_texts else {}), "responses": len(texts), "derive_share": float(derive.mean()),
             "accuracy": float((rewards == 3.0).float().mean()),
             "all": part(torch.ones_like(derive)), "derive": part(derive), "guess": part(1 - derive),
             "paper_fig1a": PAPER_FIG1["token_share"],

@@ -165,3 +165,48 @@ def test_tail_words_lift_the_share_of_choice_tokens_above_a_fifth():
     plain, tailed = (pc.choice_share(pc.measure(GENERATED[3], tok, tails)) for tails in (False, True))
     assert 0.14 < plain["share"] < 0.19 < 0.20 < tailed["share"] < 0.25, (plain, tailed)
     assert tailed["choices"] > plain["choices"] + 10
+
+
+class RecordingRandom(random.Random):
+    """random.Random that records each choice(): (the options it chose from, the option)."""
+
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.taken = []
+
+    def choice(self, seq):
+        value = super().choice(seq)
+        self.taken.append((tuple(seq), value))
+        return value
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+def test_choices_reads_back_every_draw(n):
+    """phrasing.choices recovers, kind by kind and in order, exactly the options the
+    phrasing drew (with tail words), from the whole response the warm start trains on."""
+    kind_of = {tuple(opts): kind for kind, opts in phrasing.CHOICE_KINDS.items()}
+    for i, r in enumerate(dataset.generate_records(n, 20, seed=40 + n)):
+        rng = RecordingRandom(i)
+        text = behaviours.derive_response(r, rng, tails=True)
+        drawn = {k: [] for k in phrasing.CHOICE_KINDS}
+        for seq, value in rng.taken:
+            drawn[kind_of[seq]].append(value)
+        assert phrasing.choices(text) == drawn
+    # A guess has no derivation lines, only answer marks; a line out of the phrasing is skipped.
+    assert phrasing.choices("\n</think>\n<answer> (1) A is a knight\n2. B is a knave </answer>")["answer mark"] \
+        == ["({i})", "{i}."]
+    assert phrasing.choices("hello world\n</think>") == {k: [] for k in phrasing.CHOICE_KINDS}
+
+
+def test_phrasing_diversity_entropy():
+    pd = load_script("scripts/phrasing_diversity.py")
+    assert pd.normalised_entropy(["a", "b", "c"] * 5, 3) == pytest.approx(1.0)
+    assert pd.normalised_entropy(["a"] * 9, 3) == 0.0
+    assert pd.normalised_entropy([], 3) is None
+    assert pd.normalised_entropy(["a", "b"] * 4, 4) == pytest.approx(0.5)       # 2 of 4 options
+    rng = random.Random(0)
+    recs = dataset.generate_records(3, 30, seed=9)
+    d = pd.diversity([behaviours.derive_response(r, rng, tails=True) for r in recs] + ["\n</think>\n<answer> x </answer>"])
+    assert d["derivations"] == 30 and 0.9 < d["mean"] <= 1.0        # uniform draws, as taught
+    same = [behaviours.derive_response(r, random.Random(1), tails=True) for r in recs[:1]] * 5
+    assert pd.diversity(same)["mean"] < d["mean"]

@@ -1,7 +1,9 @@
 """Free phrasing of the compact derivation: the same steps, said in several ways.
 
-An option of the warm start (`--phrased`, warmstart.py), not the shipped default. Why it
-exists, where the choices are and what it cost, in full: docs/TASK_AND_MODELS.md.
+The shipped warm start (checkpoints/tiny-warm) learned its derivations phrased this way,
+with tail words (warmstart.py `--phrased --phrase-tails`). Why it exists, where the choices
+are and what it cost, in full: docs/TASK_AND_MODELS.md. `choices` reads the choices back
+from a sampled derivation, to measure what RL does to them.
 
 Design choices:
 
@@ -16,9 +18,10 @@ Design choices:
 3. Only where nothing is copied next (a node line's start, in front of a check's result,
    the ends of lines, the answer lines' marks), never between a name and what follows it:
    a choice inside a copied span makes the look-up harder for a model this small.
-4. Not the shipped default: phrased derivations were right less often (0.39 against 0.50
-   canonical, docs/TWO_BEHAVIOURS.md) and RL did not select them; the phrased variant has
-   about 18% of its sampled derivation tokens below pi_old = 0.5 instead of about 1%.
+4. Learned from the first step of the warm start (with tail words), phrased derivations are
+   right about as often as canonical ones (0.48 against 0.50 when forced, 3 people) and
+   leave about 22% of the sampled tokens below pi_old = 0.5 instead of about 1%
+   (docs/TWO_BEHAVIOURS.md).
 5. `canonical` maps any phrased derivation back to the canonical text, so the replay tests
    and the error scripts read one form.
 6. The choices set a ceiling on the share of tokens below 0.5: about 17% of a phrased
@@ -95,6 +98,47 @@ def canonical_line(line: str) -> str:
     if m := _NODE_LINE.fullmatch(line):
         return "try " + m[1]
     return line
+
+
+# ------------------------------------------------- reading the choices back (RL's effect)
+
+# The options of each kind of choice, as vary_line / vary_answer draw them.
+CHOICE_KINDS = {"node word": NODE_WORDS, "equals word": EQUALS, "ok word": OK_WORDS,
+                "bad word": BAD_WORDS, "tail word": TAILS, "ending": ENDINGS, "answer mark": ANSWER_MARKS}
+_END_CHOICES = rf"({_alt(TAILS)})?({_alt(ENDINGS[1:])})?"
+_NODE_CHOICE = re.compile(rf"({_alt(NODE_WORDS)}) \w+=[TF](?: \w+=[TF])*{_END_CHOICES}")
+_CHECK_CHOICE = re.compile(rf"  \w+=[TF]: .*({_alt(EQUALS)}) [TF] "
+                           rf"({_alt([w.strip() for w in OK_WORDS + BAD_WORDS])}){_END_CHOICES}")
+_CLAIM_CHOICE = re.compile(rf"  \w+: .* \(at \w+\){_END_CHOICES}")
+_MARKS = ((re.compile(r"\(\d+\) "), "({i})"), (re.compile(r"\d+\. "), "{i}."), (re.compile(r"- "), "-"))
+
+
+def choices(response: str) -> dict[str, list[str]]:
+    """The phrasing choices a (sampled) derivation made, by kind (CHOICE_KINDS): the option
+    taken at every line that reads as a phrased derivation line, and the mark of every
+    answer line. A line without a tail word counts as the tail "" (not an option the warm
+    start was taught). Lines that match nothing are skipped."""
+    out = {k: [] for k in CHOICE_KINDS}
+    think, _, rest = response.partition("</think>")
+    for line in think.split("\n"):
+        for rx, kinds in ((_NODE_CHOICE, ("node word",)), (_CHECK_CHOICE, ("equals word", "verdict")),
+                          (_CLAIM_CHOICE, ())):
+            m = rx.fullmatch(line)
+            if not m:
+                continue
+            for kind, value in zip(kinds, m.groups()):
+                if kind == "verdict":
+                    kind = "ok word" if " " + value in OK_WORDS else "bad word"
+                    value = " " + value
+                out[kind].append(value)
+            out["tail word"].append(m.groups()[-2] or "")
+            out["ending"].append(m.groups()[-1] or "")
+            break
+    answer = rest.partition("<answer>")[2].partition("</answer>")[0]
+    for line in answer.split("\n"):
+        line = line.strip() + " "
+        out["answer mark"] += [mark for rx, mark in _MARKS if rx.match(line)][:1]
+    return out
 
 
 def canonical(text: str) -> str:
