@@ -64,6 +64,22 @@ def machine_info() -> dict:
             "torch": torch.__version__, "platform": platform.platform()}
 
 
+def code_version() -> dict | None:
+    """The commit of the code a run was made with, and whether tracked files differed from
+    it ("dirty"); None outside a git checkout (an installed copy). So a report can say
+    which code its runs ran on."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head, "dirty": bool(dirty)}
+
+
 def is_run_dir(path) -> bool:
     return saved_config(path) is not None
 

@@ -39,7 +39,7 @@ from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advant
 from .lopti import lopti_update, split_by_probability
 from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
                      load_model_and_tokenizer, set_gradient_checkpointing)
-from . import mechanism, precision
+from . import mechanism, precision, runs
 from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
 from .precision import build_optimizer
@@ -277,11 +277,12 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         # plumbing: the mechanism (mechanism.py): each bin's share of the squared gradient
         # norm at pi_old (Fig. 1b), every grad_shares_every steps; the log-probs before the
         # update, computed as the ones after it will be
-        mech = {}
+        mech, t_mech = {}, time.perf_counter()
         if cfg.grad_shares_every and step % cfg.grad_shares_every == 0:
             mech["grad_sq_share"] = mechanism.gradient_sq_shares(model, batch, ref_logp, gcfg)
         before = batch["old_logprobs"] if cfg.recompute_old_logprobs else batch_logprobs(model, batch, gcfg)
         t1 = time.perf_counter()
+        t_mech = t1 - t_mech
         # --- paper: the update. Lopti, Algorithm 1 (split at pi_old < eta; update the
         #     low-probability tokens, then the high ones), or one GRPO update (Eq. 1) ---
         if cfg.uses_lopti:
@@ -293,8 +294,10 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
             low = float(split_by_probability(batch["old_logprobs"], mask, cfg.eta)[0].sum() / mask.sum().clamp_min(1))
         t_update = time.perf_counter() - t1
         # plumbing: the mechanism (Fig. 3 at every step): which tokens rose / fell, per bin
+        t2 = time.perf_counter()
         mech.update(mechanism.step_shares(before, batch_logprobs(model, batch, gcfg),
                                           batch["advantages"], mask))
+        t_mech += time.perf_counter() - t2
 
     # plumbing: metrics. KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
     n_tok = float(mask.sum())
@@ -325,6 +328,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         "tokens": int(n_tok),
         "sample_s": round(t_sample, 3),
         "update_s": round(t_update, 3),
+        "mechanism_s": round(t_mech, 3),      # the mechanism's measurements (mechanism.py)
         "step_s": round(time.perf_counter() - t0, 3),
     }
 
@@ -431,7 +435,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "run.json").write_text(json.dumps(
             {"kind": RUN_MARKER, "config": config_to_json(cfg), "data": data_path,
-             "created": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+             "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version()}, indent=1))
     records, prompt_ids = encode_prompts(records, tokenizer, cfg.prompt_style, cfg.max_prompt_len)
     if not records:
         raise TrainError(f"no RL prompt fits max-prompt-len {cfg.max_prompt_len}: raise it")

@@ -104,6 +104,12 @@ def test_the_trainer_logs_the_mechanism(nano_dir, tmp_path):
     plain = trainer.train(small_cfg(nano_dir, tmp_path / "b", method="grpo", steps=1),
                           reward_fn=length_reward, log=lambda s: None)
     assert "grad_sq_share" not in plain["metrics"][0] and "rise_pos" in plain["metrics"][0]
+    assert all(m["mechanism_s"] >= 0 for m in ms)
+    # The run records the code it ran on (a report says which commit its runs used).
+    import subprocess
+    code = json.loads((tmp_path / "a" / "run" / "run.json").read_text())["code"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert code["commit"] == head and isinstance(code["dirty"], bool)
 
 
 def test_the_report_compares_the_mechanism_paired_by_seed(tmp_path):

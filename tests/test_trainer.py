@@ -10,7 +10,7 @@ from conftest import load_script
 from lopti_minimal import models, runs, trainer
 from lopti_minimal.trainer import TrainError, make_config
 
-TIMING = ("sample_s", "update_s", "step_s")
+TIMING = ("sample_s", "update_s", "step_s", "mechanism_s")
 
 
 

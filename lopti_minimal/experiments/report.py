@@ -68,7 +68,9 @@ def read_run(run_dir) -> dict:
         wall = json.loads(tfile.read_text())["wall_s"]
     else:                                        # a run made outside the study
         wall = sum(m.get("step_s", 0.0) for m in metrics) + float(ev.get("seconds", 0.0))
+    code = json.loads((run_dir / "run.json").read_text()).get("code")
     return {"dir": str(run_dir), "preset": cfg.get("preset", "?"), "variant": Variant.from_config(cfg),
+            "code": (code["commit"][:12] + ("+changes" if code["dirty"] else "")) if code else "not recorded",
             "seed": int(cfg["seed"]), "config": cfg, "setting": setting_key(cfg),
             "accuracy": acc, "avg": float(np.mean(list(acc.values()))),
             "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
@@ -290,6 +292,7 @@ def aggregate(out, window: int = 5) -> dict:
                        "rl_sizes": ref_cfg["rl_sizes"], "eval_per_size": ref_cfg["eval_per_size"],
                        "temperature": ref_cfg["temperature"]},
             "compute_s": float(sum(r["wall_s"] for r in rs)), "n_runs": len(rs),
+            "code": dict(Counter(r["code"] for r in rs)),
         }
     return res
 
@@ -657,7 +660,8 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
                      f"{t['step_s']:.1f} | {t['sample_s']:.1f} | {t['update_s']:.1f} | {t['eval_s']:.0f} | "
                      f"{format_hours(t['run_wall_s'])} |")
         L += ["", f"Compute of this preset: {pr['n_runs']} finished runs, {format_hours(pr['compute_s'])} of run "
-              "wall time in total.", ""]
+              "wall time in total. Code (the commit each run recorded in its run.json; +changes: tracked "
+              "files differed from it): " + ", ".join(f"`{c}` ({n} runs)" for c, n in pr.get("code", {}).items()) + ".", ""]
         L += _token_split_table(pr["variants"])
     L += ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per "
           "method, 4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the "
