@@ -163,6 +163,18 @@ def _attend_to_filled_prefix(cache) -> bool:
     return True
 
 
+def _unpatch(cache) -> None:
+    """Undo the two patches above once sampling is done. Each patched method closes over
+    its own layer (layer -> method -> layer), a reference cycle: without this, the cache's
+    keys and values outlive sample_groups until Python's cycle collector happens to run,
+    often several RL steps (or evaluation batches) later, so that several KV caches are
+    held at once (hundreds of MB each on the default run). Breaking the cycle frees the
+    cache on return."""
+    for layer in getattr(cache, "layers", []):
+        for name in ("update", "get_mask_sizes"):
+            vars(layer).pop(name, None)
+
+
 def _cache_kwarg(model) -> str:
     """transformers 5.x renamed `past_key_values` to `cache`; accept either API."""
     params = inspect.signature(model.forward).parameters
@@ -306,6 +318,7 @@ def sample_groups(
         out = model(input_ids=tok.unsqueeze(-1), attention_mask=m,
                     position_ids=next_pos, use_cache=True, **{ckw: cache})
         next_pos = next_pos + 1
+    _unpatch(cache)
     # The attention mask of the full batch: prompt mask, then the response mask.
     full_mask[:, P:] = response_mask.long()
     if was_training:

@@ -238,3 +238,23 @@ def test_attending_to_the_filled_prefix_changes_nothing(monkeypatch):
     assert P < filled < P + R
     # attention saw the prefill's P keys, then one more per decode step (not P + R each time)
     assert seen[:3] == [P, P + 1, P + 2]
+
+
+def test_kv_cache_is_freed_on_return(monkeypatch):
+    """The patched cache layers (bf16 keys, filled prefix) do not keep themselves alive in a
+    reference cycle: with the cycle collector off, no layer of the cache (and so none of
+    its keys and values) outlives sample_groups."""
+    import gc
+    import weakref
+    import lopti_minimal.sampling as S
+    layers, attend = [], S._attend_to_filled_prefix
+    monkeypatch.setattr(S, "_attend_to_filled_prefix",
+                        lambda c: (layers.extend(weakref.ref(l) for l in c.layers), attend(c))[1])
+    model = tiny_llama()
+    gc.disable()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _sample(model)
+        assert layers and all(r() is None for r in layers)
+    finally:
+        gc.enable()
