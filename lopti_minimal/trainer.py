@@ -32,7 +32,7 @@ from tqdm import tqdm
 # Configuration, presets and the paper's per-method table live in config.py (one
 # declaration per option); re-exported here because every run starts from them.
 from .config import (ESTIMATORS, GPU_MEMORY_GB, METHODS, PAPER_SETTINGS, PRESETS,  # noqa: F401
-                     TrainConfig, TrainError, config_from_json, config_to_json, make_config,
+                     TOKEN_FIXES, TrainConfig, TrainError, config_from_json, config_to_json, make_config,
                      paper_settings, validate)
 from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3,
                    reinforce_pp_advantages, sort_by_length, token_advantages)
