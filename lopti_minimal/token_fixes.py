@@ -56,6 +56,10 @@ Design choices:
    paper uses k = 2e-4 for 32B). Recalled from that code, not re-read for this module.
 5. The Clip-Cov draw is seeded by (seed, step), like every other random choice of a step,
    so a resumed run repeats it.
+6. Clip-Cov keeps grpo.policy_loss for the other tokens, dual clip included (verl's
+   `clip_cov` has plain PPO clipping: they differ only where A < 0 and rho > clip_c = 10).
+   verl also excludes the tokens PPO has already clipped from the draw; at pi_old, where
+   ours draws, there are none.
 """
 from __future__ import annotations
 
@@ -78,7 +82,8 @@ OPTIONS = ("entropy_top_quantile", "cispo_eps_low", "cispo_eps_high", "clip_cov_
 @torch.no_grad()
 def batch_entropies(model, batch: dict, config: GRPOConfig) -> torch.Tensor:
     """H_t of the policy's next-token distribution at every response position (logits /
-    temperature, as sampled), in micro-batches, without grad: [B, R], 0 on padding."""
+    temperature, as sampled), in micro-batches, without grad: [B, R], 0 on padding.
+    (Memory: two more float [b, R, V] temporaries than a log-prob pass, gradient-free.)"""
     was_training = model.training
     model.eval()
     parts = []
