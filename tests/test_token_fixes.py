@@ -12,7 +12,7 @@ import torch
 from lopti_minimal import mechanism, token_fixes as TF
 from lopti_minimal.config import TOKEN_FIXES, TrainError, make_config
 from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, batch_logprobs, group_advantages,
-                                grpo_update, policy_loss, token_logprobs)
+                                grpo_update, policy_loss)
 from lopti_minimal.sampling import sample_groups
 
 from conftest import BOS, EOS, PAD, tiny_llama
