@@ -31,7 +31,10 @@ from dataclasses import asdict, dataclass
 from . import cli
 from .cli import option
 
-METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+# Beyond the paper: later methods acting on the same tokens differently, each a per-token
+# policy term on GRPO's advantages (token_fixes.py; their knobs are TrainConfig fields).
+TOKEN_FIXES = ("entropy_top", "cispo", "clip_cov", "kl_cov")
+METHODS = ("grpo", "ar", "lopti", "ar_lopti") + TOKEN_FIXES
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOPTI_ORDERS = ("low_first", "high_first")
 PAPER_SETTINGS = {"grpo": {}, "ar": {"alpha": 0.2}, "lopti": {"eta": 0.4},
@@ -80,7 +83,8 @@ class TrainConfig:
 
     # --- method (paper Eq. 4 and Algorithm 1)
     method: str = option("ar_lopti", "grpo | ar | lopti | ar_lopti (the paper's best K&K "
-                         "combination)")
+                         "combination) | entropy_top | cispo | clip_cov | kl_cov (later methods, "
+                         "token_fixes.py)")
     alpha: float | None = option(None, "AR strength, paper Eq. 4, in [0, 1] (default: the paper's "
                                  "for the method, 0.2 for ar, 0.3 for ar_lopti)", type=float)
     eta: float | None = option(None, "Lopti threshold on pi_old, in (0, 1] (default: the paper's "
@@ -91,6 +95,20 @@ class TrainConfig:
                             "(REINFORCE++)", choices=ESTIMATORS)
     lopti_order: str = option("low_first", "Lopti stage order: low_first (Algorithm 1) | "
                               "high_first (the reversed ablation)", choices=LOPTI_ORDERS)
+
+    # --- beyond the paper (token_fixes.py, where each default's source is given)
+    entropy_top_quantile: float = option(0.2, "entropy_top: share of the batch's tokens, by entropy, "
+                                         "that train (rho, 'Beyond the 80/20 Rule', arXiv 2506.01939)")
+    cispo_eps_low: float = option(1.0, "cispo: IS weight >= 1 - this (1: no lower bound, MiniMax-M1, "
+                                  "arXiv 2506.13585)")
+    cispo_eps_high: float = option(4.0, "cispo: IS weight <= 1 + this (4: TRL's documented bound 5)")
+    clip_cov_ratio: float = option(2e-4, "clip_cov: share r of the tokens detached (Cui et al., "
+                                   "arXiv 2505.22617)")
+    clip_cov_low: float = option(1.0, "clip_cov: detach among tokens with covariance > this")
+    clip_cov_high: float = option(5.0, "clip_cov: ... and < this")
+    kl_cov_ratio: float = option(2e-3, "kl_cov: share k of the tokens, top by covariance, penalised "
+                                 "(2e-3: the 7B setting)")
+    kl_cov_coef: float = option(1.0, "kl_cov: coefficient of |log rho| on those tokens")
 
     # --- RL schedule
     seed: int = option(0, "seed of the run (prompt order, sampling)")
@@ -304,6 +322,17 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"alpha must lie in [0, 1] (paper Eq. 4), got {cfg.alpha}")
     if not 0.0 < cfg.eta <= 1.0:
         raise TrainError(f"eta must lie in (0, 1] (Lopti threshold on pi_old), got {cfg.eta}")
+    if not 0.0 <= cfg.entropy_top_quantile <= 1.0:
+        raise TrainError(f"entropy-top-quantile must lie in [0, 1], got {cfg.entropy_top_quantile}")
+    if not 0.0 <= cfg.cispo_eps_low <= 1.0 or not cfg.cispo_eps_high >= 0.0:
+        raise TrainError(f"cispo-eps-low must lie in [0, 1] and cispo-eps-high be >= 0, got "
+                         f"{cfg.cispo_eps_low}, {cfg.cispo_eps_high}")
+    if not (0.0 < cfg.clip_cov_ratio <= 1.0 and 0.0 < cfg.kl_cov_ratio <= 1.0):
+        raise TrainError(f"clip-cov-ratio and kl-cov-ratio must lie in (0, 1], got "
+                         f"{cfg.clip_cov_ratio}, {cfg.kl_cov_ratio}")
+    if not cfg.clip_cov_low < cfg.clip_cov_high or cfg.kl_cov_coef < 0:
+        raise TrainError(f"need clip-cov-low < clip-cov-high and kl-cov-coef >= 0, got "
+                         f"{cfg.clip_cov_low}, {cfg.clip_cov_high}, {cfg.kl_cov_coef}")
     if cfg.estimator not in ESTIMATORS:
         raise TrainError(f"unknown estimator {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
     if cfg.lopti_order not in LOPTI_ORDERS:

@@ -152,8 +152,11 @@ def token_advantages(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Te
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   prompt_len: int, temperature: float) -> torch.Tensor:
-    """log pi(o_t) of the response tokens with logits / temperature: [B, R].
+                   prompt_len: int, temperature: float, entropy: bool = False):
+    """log pi(o_t) of the response tokens with logits / temperature: [B, R]. With
+    ``entropy=True`` also the entropy of the whole next-token distribution at each response
+    position, H_t = -sum_v pi(v) log pi(v) (same temperature): (logp, entropy), both [B, R]
+    (token_fixes.py's high-entropy selection needs it).
 
     The logits at position P-1+t predict response token t. We ask the model for the last
     R+1 positions only (`logits_to_keep`), so neither the [B, P, V] prompt logits nor a
@@ -173,8 +176,14 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     logits = out.logits[:, -(R + 1):-1, :].float() / temperature     # [B, R, V]
     targets = input_ids[:, prompt_len:].unsqueeze(-1)
     # log_softmax(z)_y = z_y - logsumexp(z): avoids materialising a second [B, R, V].
-    logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(logp, (0, R_full - R))
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets).squeeze(-1) - lse
+    logp = torch.nn.functional.pad(logp, (0, R_full - R))
+    if not entropy:
+        return logp
+    # H = logsumexp(z) - sum_v softmax(z)_v z_v, from the same logits
+    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, torch.nn.functional.pad(ent, (0, R_full - R))
 
 
 # ------------------------------------------------------------------------ losses
@@ -316,13 +325,16 @@ def batch_logprobs(model, batch: dict, config: GRPOConfig) -> torch.Tensor:
 
 
 def _micro_batch_loss(model, batch, mb, advantages, ref_logp, train_mask, denom_mask,
-                      config: GRPOConfig, n_tok, n_seq, n_micro):
+                      config: GRPOConfig, n_tok, n_seq, n_micro, pg_loss=None):
     """The loss of one micro-batch (rows `mb`), scaled so that the micro-batch losses of
     a mini-batch add up to the mini-batch loss, and its metrics."""
     logp = token_logprobs(model, batch["input_ids"][mb], batch["attention_mask"][mb],
                           batch["prompt_len"], config.temperature)
-    pg, st = policy_loss(logp, batch["old_logprobs"][mb], advantages[mb],
-                         config.eps_low, config.eps_high, config.clip_c)
+    if pg_loss is None:
+        pg, st = policy_loss(logp, batch["old_logprobs"][mb], advantages[mb],
+                             config.eps_low, config.eps_high, config.clip_c)
+    else:       # another method's per-token policy term (token_fixes.py)
+        pg, st = pg_loss(logp, batch["old_logprobs"][mb], advantages[mb], mb)
     kl = torch.zeros_like(pg)
     if ref_logp is not None:
         kl = kl_k3(logp, ref_logp[mb], config.kl_log_ratio_clamp)
@@ -352,7 +364,8 @@ def _micro_batch_loss(model, batch, mb, advantages, ref_logp, train_mask, denom_
 
 
 def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
-                token_mask: torch.Tensor | None = None, denominator: str = "all") -> dict:
+                token_mask: torch.Tensor | None = None, denominator: str = "all",
+                pg_loss=None) -> dict:
     """One GRPO update on a rollout batch: mini-batches, each its own optimizer step, each
     made of micro-batches whose gradients accumulate.
 
@@ -367,6 +380,11 @@ def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
     denominator "all" (default, faithful to the reference): masked tokens still count in
                 the token-mean denominator, so an update that trains on a fraction f of the
                 tokens is scaled by f. "masked": divide by the trained tokens only.
+    pg_loss     optional hook replacing `policy_loss` as the per-token policy term:
+                pg_loss(logp, old_logp, advantages, rows) -> (loss [b, R], stats with
+                policy_loss's keys), where `rows` is the micro-batch's slice of `batch`
+                (token_fixes.py: the methods that act on the tokens differently). The KL
+                term, the masks and the aggregation stay as they are.
 
     Loss per mini-batch (token-mean):  sum_t m_t * (L_pg,t + kl_coef * k3_t) / N_tokens.
 
@@ -417,7 +435,7 @@ def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
                 mb = slice(s, min(s + config.micro_batch_size, mini.stop))
                 loss, st = _micro_batch_loss(model, batch, mb, advantages, ref_logp,
                                              train_mask, denom_mask, config, n_tok, n_seq,
-                                             len(mb_starts))
+                                             len(mb_starts), pg_loss)
                 loss.backward()
                 sums["loss"] += float(loss.detach())
                 for k in ("pg_loss", "kl", "clip_frac", "dual_clip_frac"):

@@ -78,12 +78,14 @@ def step_shares(old_logp: torch.Tensor, new_logp: torch.Tensor, adv: torch.Tenso
     }
 
 
-def gradient_sq_shares(model, batch: dict, ref_logp, config: GRPOConfig) -> list[float | None]:
+def gradient_sq_shares(model, batch: dict, ref_logp, config: GRPOConfig,
+                       pg_loss=None) -> list[float | None]:
     """Each bin's share of the squared gradient norm of the method's loss (module docstring).
 
     One `grpo_update` per bin with that bin as the token mask and the denominator "all"
     (exactly a Lopti stage's loss), and an SGD optimizer with lr 0, so the parameters do not
-    move: its pre-clip `grad_norm` is ||g_k||. One pass (ppo_epochs 1) whatever the method."""
+    move: its pre-clip `grad_norm` is ||g_k||. One pass (ppo_epochs 1) whatever the method.
+    `pg_loss`: a token fix's policy term (token_fixes.py), as the method's update uses it."""
     masks = bin_masks(batch["old_logprobs"].exp(), batch["response_mask"])
     one_pass = dataclasses.replace(config, ppo_epochs=1)
     still = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -92,6 +94,7 @@ def gradient_sq_shares(model, batch: dict, ref_logp, config: GRPOConfig) -> list
         if m.sum() == 0:
             sq.append(0.0)
             continue
-        sq.append(grpo_update(model, ref_logp, still, batch, one_pass, token_mask=m)["grad_norm"] ** 2)
+        sq.append(grpo_update(model, ref_logp, still, batch, one_pass, token_mask=m,
+                              pg_loss=pg_loss)["grad_norm"] ** 2)
     total = sum(sq)
     return [round(s / total, 5) if total > 0 else None for s in sq]

@@ -32,14 +32,14 @@ from tqdm import tqdm
 # Configuration, presets and the paper's per-method table live in config.py (one
 # declaration per option); re-exported here because every run starts from them.
 from .config import (ESTIMATORS, GPU_MEMORY_GB, METHODS, PAPER_SETTINGS, PRESETS,  # noqa: F401
-                     TrainConfig, TrainError, config_from_json, config_to_json, make_config,
+                     TOKEN_FIXES, TrainConfig, TrainError, config_from_json, config_to_json, make_config,
                      paper_settings, validate)
 from .grpo import (batch_from_rollout, batch_logprobs, grpo_update, group_advantages, kl_k3,
                    reinforce_pp_advantages, sort_by_length, token_advantages)
 from .lopti import lopti_update, split_by_probability
 from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
                      load_model_and_tokenizer, set_gradient_checkpointing)
-from . import mechanism, precision, runs
+from . import mechanism, precision, runs, token_fixes
 from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
 from .precision import build_optimizer
@@ -274,12 +274,16 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         #     advantages, before any split ---
         if cfg.uses_ar:
             batch["advantages"] = reweight_advantages(batch["advantages"], batch["old_logprobs"], cfg.alpha)
+        # --- beyond the paper: a later method's per-token policy term (token_fixes.py), its
+        #     token selections made here, once, from pi_old ---
+        fix = (token_fixes.build_from_config(cfg, model, batch, gcfg, step)
+               if cfg.method in token_fixes.TOKEN_FIXES else None)
         # plumbing: the mechanism (mechanism.py): each bin's share of the squared gradient
         # norm at pi_old (Fig. 1b), every grad_shares_every steps; the log-probs before the
         # update, computed as the ones after it will be
         mech, t_mech = {}, time.perf_counter()
         if cfg.grad_shares_every and step % cfg.grad_shares_every == 0:
-            mech["grad_sq_share"] = mechanism.gradient_sq_shares(model, batch, ref_logp, gcfg)
+            mech["grad_sq_share"] = mechanism.gradient_sq_shares(model, batch, ref_logp, gcfg, fix)
         before = batch["old_logprobs"] if cfg.recompute_old_logprobs else batch_logprobs(model, batch, gcfg)
         t1 = time.perf_counter()
         t_mech = t1 - t_mech
@@ -290,7 +294,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
             stages = (m["stage1"], m["stage2"])
             low = m["low_fraction"]
         else:
-            stages = (grpo_update(model, ref_logp, optimizer, batch, gcfg),)
+            stages = (grpo_update(model, ref_logp, optimizer, batch, gcfg, pg_loss=fix),)
             low = float(split_by_probability(batch["old_logprobs"], mask, cfg.eta)[0].sum() / mask.sum().clamp_min(1))
         t_update = time.perf_counter() - t1
         # plumbing: the mechanism (Fig. 3 at every step): which tokens rose / fell, per bin
@@ -325,6 +329,8 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         # Ratios of the first update: exactly 1 on its first mini-batch (fresh samples).
         "ratio_min": stages[0]["ratio_min"], "ratio_max": stages[0]["ratio_max"],
         **mech,
+        # the share of tokens a token fix singles out (kept, detached or penalised)
+        **({"fix_fraction": fix.fraction(mask)} if fix is not None and fix.mask is not None else {}),
         "tokens": int(n_tok),
         "sample_s": round(t_sample, 3),
         "update_s": round(t_update, 3),

@@ -24,6 +24,11 @@ Design choices, in order of importance:
 7. What TRL cannot express (small): KL and log-ratio clamps, the normalizer with several
    optimizer steps per stage, an empty Lopti stage's step, position ids of padded prompts.
 8. One table, `trl_grpo_args(cfg)` with `TRL_MAPPING` and `NOT_IN_TRL`.
+9. Beyond the paper (token_fixes.py): TRL has two of the later methods, and the mapping
+   uses them: entropy_top = `top_entropy_quantile`, cispo = `loss_type="cispo"` with
+   `epsilon_high` = 1 + cispo_eps_high (TRL clips the weight at epsilon_high itself, with
+   no lower bound). Clip-Cov and KL-Cov are not in TRL 1.16. Where TRL's definitions
+   differ from ours (the entropy selection's scope): NOT_IN_TRL, docs/GPU.md.
 """
 from __future__ import annotations
 
@@ -62,6 +67,8 @@ TRL_MAPPING = (
     ("mini_batch_size", "steps_per_generation", "optimizer steps per pass = ceil(P x G / mini_batch_size) (choice 7)"),
     ("method lopti / ar_lopti", "num_iterations=2", "Algorithm 1: two passes, stage = pass (choice 3)"),
     ("ppo_epochs", "num_iterations", "GRPO / AR: passes over each generation batch; Lopti needs ppo_epochs = 1"),
+    ("method entropy_top, entropy_top_quantile", "top_entropy_quantile", "80/20: the policy term on the top-rho tokens by entropy (choice 9)"),
+    ("method cispo, cispo_eps_high", "loss_type='cispo', epsilon_high=1 + cispo_eps_high", "TRL clips the IS weight at epsilon_high, an absolute bound (choice 9)"),
     ("autocast_bf16", "bf16", "bf16 autocast around the forward passes, float32 weights"),
     ("gradient_checkpointing", "gradient_checkpointing", ""),
     ("seed", "seed", "the random streams differ from ours (sampler, prompt order)"),
@@ -82,6 +89,12 @@ NOT_IN_TRL = {
                          "accumulation steps, not the reference's micro-batch count per GPU)",
     "max_prompt_len": "TRL 1.16 has no prompt cap: filter the prompt set beforehand",
     "optimizer='adamw8bit' / 'adafactor', dtype, ref_dtype": "not mapped: pass optim=... / model_init_kwargs yourself",
+    "method='clip_cov' / 'kl_cov'": "not in TRL 1.16 (verl has them: policy_loss.loss_mode)",
+    "cispo_eps_low < 1 (a floor under the IS weight)": "TRL's cispo has no lower bound: refused",
+    "entropy_top: the quantile over the whole rollout batch, entropies at pi_old":
+        "TRL takes it per micro-batch (gathered over processes), from pi_theta at that micro-step: "
+        "equal in the first optimizer step when it is one micro-batch per process (tested); "
+        "otherwise the thresholds differ (tests/test_trl_grpo.py shows it for two micro-batches)",
 }
 
 
@@ -98,6 +111,10 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
     """
     if cfg.estimator != "grpo":
         raise ValueError("only the GRPO advantage estimator is mapped onto TRL")
+    if cfg.method in ("clip_cov", "kl_cov"):
+        raise ValueError(f"method {cfg.method!r} is not in TRL 1.16 (NOT_IN_TRL)")
+    if cfg.method == "cispo" and cfg.cispo_eps_low < 1.0:
+        raise ValueError("TRL's cispo has no lower bound on the IS weight: cispo_eps_low must be 1")
     if cfg.grad_accum != "global":
         raise ValueError("only grad_accum='global' (TRL loss_type='dapo') is mapped onto TRL")
     if cfg.uses_lopti and cfg.ppo_epochs != 1:
@@ -127,6 +144,8 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         # the objective (paper Eq. 1 with the reference's settings)
         epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, delta=cfg.clip_c, beta=cfg.kl_coef,
         loss_type="dapo", scale_rewards="group", importance_sampling_level="token",
+        # the later methods TRL has (choice 9); "cispo" normalises like "dapo"
+        top_entropy_quantile=cfg.entropy_top_quantile if cfg.method == "entropy_top" else 1.0,
         use_bias_correction_kl=False,       # TRL 1.16 defaults to True: k3 * rho (choice 6b)
         multi_objective_aggregation="sum_then_normalize",
         # batching: one optimizer step per mini-batch, per pass
@@ -138,6 +157,8 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         gradient_checkpointing=bool(cfg.gradient_checkpointing), seed=cfg.seed,
         use_cpu=(cfg.device == "cpu"), model_init_kwargs={"dtype": "float32"},
     )
+    if cfg.method == "cispo":
+        args.update(loss_type="cispo", epsilon_high=1.0 + cfg.cispo_eps_high)
     args.update(overrides)
     return args
 
@@ -153,7 +174,8 @@ def make_trl_config(cfg: TrainConfig, output_dir: str, num_processes: int = 1, *
 class LoptiGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with Advantage Reweighting (Eq. 4) and Lopti (Algorithm 1).
 
-    method       "grpo" | "ar" | "lopti" | "ar_lopti". alpha / eta default to the paper's
+    method       "grpo" | "ar" | "lopti" | "ar_lopti" | "entropy_top" | "cispo" (the last two
+                 must agree with args: make_trl_config sets them). alpha / eta default to the paper's
                  K&K setting of the method (`trainer.paper_settings`: AR alone alpha 0.2,
                  Lopti alone eta 0.4, AR+Lopti alpha 0.3, eta 0.5).
     lopti_order  "low_first" (Algorithm 1) | "high_first" (the paper's reversed ablation).
@@ -167,8 +189,9 @@ class LoptiGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, method: str = "ar_lopti", alpha: float | None = None,
                  eta: float | None = None, lopti_order: str = "low_first",
                  paper_advantages: bool = True, **kwargs):
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        if method not in METHODS or method in ("clip_cov", "kl_cov"):
+            raise ValueError(f"unknown method {method!r} for TRL: choose one of "
+                             f"{', '.join(m for m in METHODS if m not in ('clip_cov', 'kl_cov'))}")
         if lopti_order not in ("low_first", "high_first"):
             raise ValueError(f"lopti_order must be low_first or high_first, got {lopti_order!r}")
         paper = paper_settings(method)
@@ -189,7 +212,12 @@ class LoptiGRPOTrainer(GRPOTrainer):
                                  or a.multi_objective_aggregation != "sum_then_normalize"):
             raise ValueError("paper_advantages needs scale_rewards='group' and "
                              "multi_objective_aggregation='sum_then_normalize'")
-        if a.delta is not None and not a.delta > 1.0 + self.epsilon_high:
+        if (method == "cispo") != (a.loss_type == "cispo") or \
+                (method == "entropy_top") != (a.top_entropy_quantile < 1.0):
+            raise ValueError(f"method {method!r} does not match the args (loss_type "
+                             f"{a.loss_type!r}, top_entropy_quantile {a.top_entropy_quantile}): "
+                             "build them with make_trl_config")
+        if a.loss_type != "cispo" and a.delta is not None and not a.delta > 1.0 + self.epsilon_high:
             raise ValueError("delta must exceed 1 + epsilon_high to act as the dual clip")
         if self.use_vllm:
             raise ValueError("LoptiGRPOTrainer is written and tested for transformers generation only")

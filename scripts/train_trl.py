@@ -37,7 +37,10 @@ def parse_args(argv=None):
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--preset", default="cpu-tiny", help="trainer preset (lopti_minimal/trainer.py)")
     ap.add_argument("--model", help="model folder (default: the preset's)")
-    ap.add_argument("--method", default="ar_lopti", choices=["grpo", "ar", "lopti", "ar_lopti"])
+    ap.add_argument("--method", default="ar_lopti",
+                    choices=["grpo", "ar", "lopti", "ar_lopti", "entropy_top", "cispo"],
+                    help="entropy_top and cispo: TRL's top_entropy_quantile / loss_type='cispo' "
+                         "(docs/TOKEN_FIXES.md)")
     ap.add_argument("--alpha", type=float, help="AR strength (default: the paper's for the method)")
     ap.add_argument("--eta", type=float, help="Lopti threshold (default: the paper's for the method)")
     ap.add_argument("--lopti-order", default="low_first", choices=["low_first", "high_first"])

@@ -186,8 +186,9 @@ def test_plan_dedups_shared_runs_and_is_seed_major():
     # main 4 x 5 = 20; alpha adds 0.1 0.3 0.5 (0 = GRPO, 0.2 = main AR) x 3; eta adds 0.3 0.5
     # 0.7 (0.4 = main Lopti) x 3; order adds high-first x 3.
     # control adds GRPO with two optimizer steps per rollout x 5 (the main grid's seeds);
-    # reinforce_pp adds REINFORCE++ and REINFORCE++ +AR+Lopti x 3.
-    assert len(specs) == 20 + 5 + 6 + 9 + 9 + 3
+    # reinforce_pp adds REINFORCE++ and REINFORCE++ +AR+Lopti x 3; token_fixes its four
+    # later methods x 3 (its GRPO, GRPO x2 and AR+Lopti are the main grid's and the control's).
+    assert len(specs) == 20 + 5 + 6 + 9 + 9 + 3 + 12
     assert len({(s.variant, s.seed) for s in specs}) == len(specs)
     # main and control together, seed-major: a study stopped early has complete, paired seeds.
     assert [(s.variant.name, s.seed) for s in specs[:6]] == [

@@ -433,6 +433,129 @@ def test_delta_is_the_dual_clip(setting, tmp_path):
     assert abs(l_corr - float(ours)) > 1e-3 * abs(float(ours))
 
 
+def _prepared(setting, method, tmp_path):
+    """A LoptiGRPOTrainer for `method` (args from make_trl_config) and one prepared batch of
+    the fixed completions, as in test_delta_is_the_dual_clip: pi_old shifted so that ratios
+    are 20, 0.05 or ~1, a reference policy within the k3 clamps, per-token advantages of
+    both signs. Returns (trainer, model, inputs, batch for grpo_update, cfg)."""
+    from lopti_minimal.grpo import token_logprobs
+    from datasets import Dataset
+    cfg = T.make_config("ci", method=method, group_size=G, prompts_per_step=len(PROMPTS),
+                        micro_batch_size=6, mini_batch_size=256, temperature=TEMPERATURE,
+                        max_new_tokens=MAX_NEW, kl_coef=KL, lr=1e-3, grad_clip=1e9,
+                        autocast_bf16=False, device="cpu", threads=1)
+    reward_fn, _ = reward_of(setting)
+    tok = setting["tok"]
+    model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
+    trainer = LoptiGRPOTrainer(
+        model=model, reward_funcs=reward_fn, processing_class=tok, method=method,
+        train_dataset=Dataset.from_list([{"prompt": p} for p in setting["prompts"]]),
+        args=make_trl_config(cfg, str(tmp_path), report_to="none", save_strategy="no",
+                             disable_tqdm=True, dataloader_num_workers=0))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    comps = setting["completions"]
+    B, R = len(comps), max(len(c) for c in comps)
+    cids = torch.tensor([c + [tok.pad_token_id] * (R - len(c)) for c in comps])
+    cmask = torch.tensor([[1] * len(c) + [0] * (R - len(c)) for c in comps])
+    pids = torch.tensor([setting["prompt_ids"][i // G] for i in range(B)])
+    ids, am = torch.cat([pids, cids], 1), torch.cat([torch.ones_like(pids), cmask], 1)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        logp0 = token_logprobs(model, ids, am, pids.shape[1], TEMPERATURE)
+    shift = torch.tensor([3.0, -3.0, 0.05, -0.05])[torch.randint(0, 4, (B, R), generator=gen)]
+    old = (logp0 - shift) * cmask
+    ref = (logp0 + 0.5 * torch.randn(B, R, generator=gen)) * cmask
+    adv = torch.randn(B, R, generator=gen) * cmask
+    inputs = {"prompt_ids": pids, "prompt_mask": torch.ones_like(pids), "completion_ids": cids,
+              "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old,
+              "ref_per_token_logps": ref, "num_items_in_batch": cmask.sum()}
+    batch = {"input_ids": ids, "attention_mask": am, "response_mask": cmask.float(),
+             "old_logprobs": old, "advantages": adv, "prompt_len": pids.shape[1], "ref": ref}
+    return trainer, model, inputs, batch, cfg
+
+
+def _trl_loss_and_grad(trainer, model, inputs):
+    model.zero_grad()
+    loss = trainer._compute_loss(model, dict(inputs))
+    loss.backward()
+    return float(loss), torch.cat([p.grad.flatten() for p in model.parameters()]).clone()
+
+
+def _our_loss_and_grad(model, batch, cfg, fix):
+    """One grpo_update with the method's hook and an lr-0 SGD: its loss and gradient."""
+    opt = RecordingSGD(model.parameters(), lr=0.0)
+    m = grpo_update(model, batch["ref"], opt, batch, cfg.grpo_config(), pg_loss=fix)
+    return m["loss"], opt.grads[0]
+
+
+def test_entropy_top_equals_trls_top_entropy_quantile(setting, tmp_path):
+    """entropy_top (token_fixes.py) = TRL's `top_entropy_quantile=0.2`, loss and gradient,
+    on the dual-clip test's batch (ratios far from 1). TRL takes the entropies from pi_theta
+    in `_compute_loss` and the quantile over the micro-batch it is given; ours from the model
+    before the update and over the whole batch: the same here, where TRL gets the whole
+    batch at once (so are the two masks, compared directly). With the batch split in two
+    micro-batches, TRL's per-micro-batch thresholds pick other tokens (the documented
+    difference, NOT_IN_TRL)."""
+    from lopti_minimal import token_fixes as TF
+    trainer, model, inputs, batch, cfg = _prepared(setting, "entropy_top", tmp_path)
+    assert trainer.args.top_entropy_quantile == 0.2 and trainer.args.loss_type == "dapo"
+    fix = TF.build("entropy_top", model, batch, cfg.grpo_config())
+    m = batch["response_mask"]
+    # the entropies TRL's fused head computes, and its mask
+    with torch.no_grad():
+        _, H_trl, _ = trainer._get_per_token_logps_and_entropies(
+            model, batch["input_ids"], batch["attention_mask"], inputs["completion_ids"].size(1),
+            compute_entropy=True)
+    H_ours = TF.batch_entropies(model, batch, cfg.grpo_config())
+    assert float(((H_trl - H_ours) * m).abs().max()) < 1e-5
+    trl_mask = trainer.get_high_entropy_mask(H_trl, m, 1 - 0.2).float()
+    assert torch.equal(trl_mask, fix.mask) and 0 < fix.fraction(m) < 0.3
+    l_trl, g_trl = _trl_loss_and_grad(trainer, model, inputs)
+    l_ours, g_ours = _our_loss_and_grad(model, batch, cfg, fix)
+    print(f"entropy_top: |loss diff| {abs(l_trl - l_ours):.3e}, max |grad diff| "
+          f"{float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
+    assert abs(l_trl - l_ours) <= 1e-5 * abs(l_ours) + 1e-7
+    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
+    trainer.top_entropy_quantile = 1.0                  # every token: TRL's loss changes
+    l_all, _ = _trl_loss_and_grad(trainer, model, inputs)
+    assert abs(l_all - l_ours) > 1e-3 * abs(l_ours)
+    # TRL with two micro-batches of 6 rows: each its own 0.8-quantile
+    halves = torch.cat([trainer.get_high_entropy_mask(H_trl[s], m[s], 0.8).float()
+                        for s in (slice(0, 6), slice(6, 12))])
+    assert not torch.equal(halves, fix.mask)
+    print(f"entropy_top: two TRL micro-batches select {int((halves != fix.mask).sum())} tokens "
+          f"differently from the whole-batch quantile ({int(fix.mask.sum())} selected)")
+
+
+def test_cispo_equals_trls_loss_type_cispo(setting, tmp_path):
+    """cispo (token_fixes.py) = TRL's `loss_type="cispo"` with epsilon_high = 1 + 4 = 5, loss
+    and gradient, on ratios of 20 (weight clipped to 5), 0.05 and ~1: TRL clips the weight
+    at epsilon_high itself and has no lower bound, ours at 1 + cispo_eps_high with the lower
+    bound 1 - cispo_eps_low = 0 (none). TRL's dapo loss and our PPO term differ (so the
+    check is sensitive)."""
+    from lopti_minimal import token_fixes as TF
+    trainer, model, inputs, batch, cfg = _prepared(setting, "cispo", tmp_path)
+    assert trainer.args.loss_type == "cispo" and trainer.epsilon_high == 5.0
+    fix = TF.build("cispo", model, batch, cfg.grpo_config(), cispo_eps_low=cfg.cispo_eps_low,
+                   cispo_eps_high=cfg.cispo_eps_high)
+    l_trl, g_trl = _trl_loss_and_grad(trainer, model, inputs)
+    l_ours, g_ours = _our_loss_and_grad(model, batch, cfg, fix)
+    print(f"cispo: |loss diff| {abs(l_trl - l_ours):.3e}, max |grad diff| "
+          f"{float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
+    assert abs(l_trl - l_ours) <= 1e-5 * abs(l_ours) + 1e-7
+    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
+    _, g_ppo = _our_loss_and_grad(model, batch, cfg, None)
+    assert float((g_ppo - g_ours).abs().max()) > 1e-2 * float(g_ours.abs().max())
+    trainer.loss_type = "dapo"
+    l_dapo, _ = _trl_loss_and_grad(trainer, model, inputs)
+    assert abs(l_dapo - l_ours) > 1e-3 * abs(l_ours)
+    with pytest.raises(ValueError, match="no lower bound"):
+        trl_grpo_args(T.make_config("ci", method="cispo", cispo_eps_low=0.2), "/tmp/x")
+    with pytest.raises(ValueError, match="not in TRL"):
+        trl_grpo_args(T.make_config("ci", method="kl_cov"), "/tmp/x")
+
+
 def test_core_does_not_import_trl():
     """The core package, the trainer and the CLI never import TRL or this module."""
     import subprocess

@@ -74,7 +74,9 @@ class Variant:
 
     @property
     def label(self) -> str:
-        fixes = {"grpo": "", "ar": "+AR", "lopti": "+Lopti", "ar_lopti": "+AR+Lopti"}[self.method]
+        fixes = {"grpo": "", "ar": "+AR", "lopti": "+Lopti", "ar_lopti": "+AR+Lopti",
+                 "entropy_top": "+top-20% entropy", "cispo": "+CISPO", "clip_cov": "+Clip-Cov",
+                 "kl_cov": "+KL-Cov"}[self.method]
         base = "GRPO" + fixes if self.estimator == "grpo" else f"REINFORCE++ {fixes}".strip()
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
@@ -122,6 +124,11 @@ GRPO_X2 = Variant("grpo", passes=2)
 # group baseline), alone and with AR+Lopti.
 RPP = Variant("grpo", estimator="reinforce_pp")
 RPP_AR_LOPTI = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, estimator="reinforce_pp")
+# Beyond the paper: later methods that act on the same tokens differently (token_fixes.py),
+# at their papers' defaults. Each with two passes, so every arm but GRPO makes two optimizer
+# steps per rollout, like AR+Lopti and the control: and at one pass CISPO and KL-Cov would be
+# GRPO's gradient exactly (every ratio is 1 in the first step; token_fixes.py, choice 3).
+TOKEN_FIX_ARMS = tuple(Variant(m, passes=2) for m in trainer.TOKEN_FIXES)
 GRIDS: dict[str, tuple[Variant, ...]] = {
     "main": MAIN,
     "control": (GRPO, GRPO_X2, LOPTI),
@@ -131,6 +138,7 @@ GRIDS: dict[str, tuple[Variant, ...]] = {
     # eta = 0.4 is the main grid's Lopti; GRPO is the baseline of the comparison.
     "eta": (GRPO,) + tuple(Variant("lopti", eta=e) for e in (0.3, 0.4, 0.5, 0.7)),
     "order": (GRPO, LOPTI, Variant("lopti", eta=LOPTI.eta, order="high_first")),
+    "token_fixes": (GRPO, GRPO_X2, AR_LOPTI) + TOKEN_FIX_ARMS,
 }
 # Within a grid, comparisons besides "vs GRPO" (a minus b, paired by seed): Lopti against
 # GRPO with as many optimizer steps (the control's question), and REINFORCE++ +AR+Lopti
@@ -138,13 +146,18 @@ GRIDS: dict[str, tuple[Variant, ...]] = {
 GRID_PAIRS: dict[str, tuple[tuple[Variant, Variant], ...]] = {
     "control": ((LOPTI, GRPO_X2),),
     "reinforce_pp": ((RPP_AR_LOPTI, RPP),),
+    # each later method against AR+Lopti (the paper's best) and against the control (GRPO
+    # with as many optimizer steps)
+    "token_fixes": tuple((v, b) for v in TOKEN_FIX_ARMS for b in (AR_LOPTI, GRPO_X2)),
 }
 GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
                "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",
                "reinforce_pp": "REINFORCE++ as the baseline (the reference's other estimator)",
                "alpha": "Sweep: AR strength alpha (GRPO+AR)",
                "eta": "Sweep: Lopti threshold eta (GRPO+Lopti)",
-               "order": "Sweep: Lopti stage order (low-first = paper, high-first = ablation)"}
+               "order": "Sweep: Lopti stage order (low-first = paper, high-first = ablation)",
+               "token_fixes": "Beyond the paper: later token-level methods (80/20 entropy, CISPO, "
+                              "Clip-Cov, KL-Cov), two optimizer steps per rollout"}
 
 # Paper, K&K accuracy per size 3..7 and avg (from Yang et al. 2025, the K&K
 # results table; each one run, accuracy = mean of the last three evaluations).
