@@ -289,14 +289,13 @@ def test_token_fixes_grid():
 
 
 def test_train_cli_smoke(nano_dir, tmp_path):
-    """`train.py --preset ci --method entropy_top --no-eval` runs, < 60 s (the other three
-    take the same path; entropy_top is the one with an extra forward pass)."""
+    """`train.py --preset ci --method entropy_top --no-eval` runs (the other three take the
+    same path; entropy_top is the one with an extra forward pass)."""
     from test_train_cli import WARM, run_cli
     model = [] if WARM.exists() else ["--model", nano_dir]
-    p, seconds = run_cli("--preset", "ci", "--method", "entropy_top", "--run-dir", str(tmp_path / "r"),
-                         "--no-eval", "--no-plots", *model)
+    p, _ = run_cli("--preset", "ci", "--method", "entropy_top", "--run-dir", str(tmp_path / "r"),
+                   "--no-eval", "--no-plots", *model)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert seconds < 60
     import json
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(0.2 <= m["fix_fraction"] < 0.3 for m in lines)
