@@ -27,8 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .paths import work_root
+
 RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
-RUNS_ROOT = Path(__file__).resolve().parent.parent / "runs"
+RUNS_ROOT = work_root() / "runs"        # the repository's runs/, or ./runs of an installed copy
 
 
 def default_run_dir(cfg) -> str:

@@ -40,6 +40,7 @@ from .lopti import lopti_update, split_by_probability
 from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
                      load_model_and_tokenizer, set_gradient_checkpointing)
 from . import mechanism, precision
+from .paths import resolve_model, work_root
 from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
 from .precision import build_optimizer
@@ -52,7 +53,8 @@ from .task.behaviours import derive_share
 from .task.evaluate import check_records, evaluate_records, write_eval_json
 from .task.reward import score_response
 
-ROOT = Path(__file__).resolve().parent.parent
+# The repository (or, in an installed copy, the current directory): cache/ is written here.
+ROOT = work_root()
 
 
 # =======================================================================================
@@ -143,9 +145,9 @@ def load_policy(cfg: TrainConfig, source: str | None = None):
     """(model, tokenizer) from cfg.model (or ``source``, e.g. a checkpoint), on the
     configured device and dtype; gradient checkpointing as configured."""
     device = resolve_device(cfg)
+    # repo-relative defaults work from any working dir, and from an installed copy
     src = source or cfg.model
-    if src and not os.path.isabs(src) and not os.path.exists(src) and (ROOT / src).exists():
-        src = str(ROOT / src)          # repo-relative defaults work from any working dir
+    src = resolve_model(src) if src else src
     try:
         model, tok = load_model_and_tokenizer(src, dtype=resolve_dtype(cfg, device), device=device)
     except ModelLoadError as e:

@@ -35,6 +35,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..paths import shipped
+
 # --------------------------------------------------------------------------------------
 # Grammar
 # --------------------------------------------------------------------------------------
@@ -538,7 +540,8 @@ def save_jsonl(records: Iterable[dict], path, overwrite: bool = False) -> None:
     os.replace(tmp, path)  # atomic: no half-written file on interruption
 
 
-OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "data" / "kk_benchmark"
+# data/kk_benchmark in a checkout, lopti_minimal/_shipped/kk_benchmark in an installed copy
+OFFICIAL_DIR = shipped("data/kk_benchmark")
 
 
 def load_official(sizes: Iterable[int] = range(3, 8)) -> list[dict]:
