@@ -65,7 +65,7 @@ TRL_MAPPING = (
     ("autocast_bf16", "bf16", "bf16 autocast around the forward passes, float32 weights"),
     ("gradient_checkpointing", "gradient_checkpointing", ""),
     ("seed", "seed", "the random streams differ from ours (sampler, prompt order)"),
-    ("device='cpu'", "use_cpu=True", ""),
+    ("device='cpu' (or 'auto' without CUDA)", "use_cpu=True", "as trainer.resolve_device"),
 )
 
 # Our settings with no TRL argument, and what the subclass does about each.
@@ -136,7 +136,8 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         # numerics, hardware
         bf16=bool(cfg.autocast_bf16), fp16=False,
         gradient_checkpointing=bool(cfg.gradient_checkpointing), seed=cfg.seed,
-        use_cpu=(cfg.device == "cpu"), model_init_kwargs={"dtype": "float32"},
+        use_cpu=(cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())),
+        model_init_kwargs={"dtype": "float32"},
     )
     args.update(overrides)
     return args
