@@ -40,6 +40,7 @@ from .lopti import lopti_update, split_by_probability
 from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
                      load_model_and_tokenizer, set_gradient_checkpointing)
 from . import mechanism, precision
+from .lora import add_lora, load_adapter_state
 from .paths import resolve_model, work_root
 from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
@@ -411,6 +412,8 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     #     Eq. 1; always cfg.model, also on resume) ---
     model, tokenizer = load_policy(cfg)
     ref = frozen_copy(model, ref_dtype(cfg)) if cfg.kl_coef else None
+    if cfg.lora_rank:            # after pi_ref: the base model (lora.py, choice 3)
+        model = add_lora(model, cfg.lora_rank, seed=cfg.seed)
     optimizer = make_optimizer(model, cfg)
     # plumbing: resume from the latest checkpoint, or start the run directory
     start = 0
@@ -419,9 +422,12 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
         if ck:
             start, path = ck[-1]
             state = torch.load(path / "trainer_state.pt", weights_only=False)
-            loaded, _ = load_policy(cfg, str(path))
-            model.load_state_dict(loaded.state_dict())
-            del loaded
+            if cfg.lora_rank:
+                load_adapter_state(model, state["lora"])
+            else:
+                loaded, _ = load_policy(cfg, str(path))
+                model.load_state_dict(loaded.state_dict())
+                del loaded
             optimizer.load_state_dict(state["optimizer"])
             random.setstate(state["rng"]["python"])
             np.random.set_state(state["rng"]["numpy"])

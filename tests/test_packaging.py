@@ -41,7 +41,8 @@ def project():
 
 def test_requirements_agree_with_pyproject():
     """Same names and the same lower bounds: requirements.txt's core = dependencies, its
-    test lines = the `test` extra, requirements-trl.txt = the `trl` extra."""
+    test lines = the `test` extra, requirements-trl.txt = the `trl` extra,
+    requirements-lora.txt = the `lora` extra."""
     req = requirements("requirements.txt")
     core = {k: v for k, v in req.items() if k not in TEST_ONLY}
     test = {k: v for k, v in req.items() if k in TEST_ONLY}
@@ -50,6 +51,7 @@ def test_requirements_agree_with_pyproject():
     assert as_dict(p["dependencies"]) == core
     assert as_dict(p["optional-dependencies"]["test"]) == test
     assert as_dict(p["optional-dependencies"]["trl"]) == requirements("requirements-trl.txt")
+    assert as_dict(p["optional-dependencies"]["lora"]) == requirements("requirements-lora.txt")
     assert "peft" not in core and "trl" not in core          # optional, never core
     assert "version" in p["dynamic"]
 
