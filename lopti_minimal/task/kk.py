@@ -533,7 +533,10 @@ def save_jsonl(records: Iterable[dict], path, overwrite: bool = False) -> None:
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists (pass overwrite=True / --force to replace it)")
-    tmp = path.with_name(path.name + ".tmp")
+    # One temporary file per process: processes that write the same file at once (the ranks
+    # of `accelerate launch`, a study's parallel jobs caching the same RL set) must not
+    # share one, or the second os.replace finds it gone.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
