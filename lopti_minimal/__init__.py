@@ -8,6 +8,9 @@ Design choices (the module map: docs/ARCHITECTURE.md):
    puzzles.
 2. Three layers: the method in flat modules here, each one idea; the task in task/; the
    experiments in experiments/, which import the core, while the core never imports them.
+3. One public surface, `__all__`: `from lopti_minimal import reweight_advantages,
+   split_by_probability, lopti_update, ...` (README, "Use AR and Lopti in your own
+   trainer"); TRL's trainer is apart, in lopti_minimal.trl_grpo.
 """
 
 __version__ = "0.1.0"

@@ -4,7 +4,8 @@
 Optional: the core package never imports it (nor TRL); `pip install -r requirements-trl.txt`.
 The algorithms live in `reweight.py` (Eq. 4) and `lopti.py` (Algorithm 1); this module only
 teaches TRL to run them, and `tests/test_trl_grpo.py` checks that one TRL update equals our
-`grpo_update` / `lopti_update` on the same batch. The choices in full: docs/GPU.md.
+`grpo_update` / `lopti_update` on the same batch (`tests/test_trl_multiprocess.py`: also
+split over two processes). The choices in full: docs/GPU.md.
 
 Design choices, in order of importance:
 
