@@ -8,6 +8,9 @@ Design choices (the module map: docs/ARCHITECTURE.md):
    puzzles.
 2. Three layers: the method in flat modules here, each one idea; the task in task/; the
    experiments in experiments/, which import the core, while the core never imports them.
+3. One public surface, `__all__`: `from lopti_minimal import reweight_advantages,
+   split_by_probability, lopti_update, ...` (README, "Use AR and Lopti in your own
+   trainer"); TRL's trainer is apart, in lopti_minimal.trl_grpo.
 """
 
 __version__ = "0.1.0"
@@ -20,3 +23,31 @@ import logging as _logging
 # run, nothing to act on. Real errors still show.
 for _name in ("torchao", "torch.utils._pytree"):
     _logging.getLogger(_name).setLevel(_logging.ERROR)
+
+# The public surface, imported on first use (PEP 562): `import lopti_minimal` stays free of
+# torch, so `train.py --help` (which imports lopti_minimal.cli) answers at once.
+_PUBLIC = {
+    "group_advantages": "grpo",       # GRPO's group baseline (paper §2)
+    "policy_loss": "grpo",            # the clipped surrogate of Eq. 1 (dual clip)
+    "kl_k3": "grpo",                  # the k3 KL of Eq. 1
+    "grpo_update": "grpo",            # one GRPO update (token-mean over the mini-batch)
+    "reweight_advantages": "reweight",    # Advantage Reweighting, Eq. 4
+    "split_by_probability": "lopti",      # Lopti's token split, Algorithm 1
+    "lopti_update": "lopti",              # Lopti's two-stage update, Algorithm 1
+    "TrainConfig": "config",
+    "train": "trainer",
+}
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        import importlib
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value            # later look-ups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_PUBLIC})

@@ -184,6 +184,9 @@ class TrainConfig:
     # ratio exactly 1 under autocast
     recompute_old_logprobs: bool = option(True)
     gradient_checkpointing: bool = option(False, "recompute activations in the backward (GPU memory)")
+    # The paper trains all weights (0); LoRA (lora.py, needs peft) is for GPUs too small for it.
+    lora_rank: int = option(0, "train LoRA adapters of this rank instead of all weights (0 = off, "
+                            "as in the paper; needs peft)")
     rollout_chunk: int = option(0, "prompts per sampling call (0 = all): bounds the KV cache on a GPU")
     threads: int | None = option(None, "torch CPU threads (default: all cores)", type=int)
 
@@ -357,6 +360,12 @@ def validate(cfg: TrainConfig) -> None:
         check_precision(cfg)
     except PrecisionError as e:
         raise TrainError(str(e)) from None
+    if cfg.lora_rank < 0:
+        raise TrainError(f"lora-rank must be >= 0 (0 = off), got {cfg.lora_rank}")
+    if cfg.lora_rank:
+        import importlib.util
+        if importlib.util.find_spec("peft") is None:
+            raise TrainError("lora-rank needs peft: pip install -r requirements-lora.txt")
     if min(cfg.save_every, cfg.eval_every, cfg.keep_checkpoints, cfg.grad_shares_every) < 0:
         raise TrainError("save-every, eval-every, keep-checkpoints and grad-shares-every must be >= 0")
 

@@ -76,7 +76,8 @@ class GRPOConfig:
 
 def reference_adamw(model, config: GRPOConfig) -> torch.optim.AdamW:
     """AdamW as in the reference actor (lr, betas, weight decay from the config)."""
-    return torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas),
+    trainable = [p for p in model.parameters() if p.requires_grad]     # LoRA: the adapters only
+    return torch.optim.AdamW(trainable, lr=config.lr, betas=tuple(config.betas),
                              weight_decay=config.weight_decay)
 
 

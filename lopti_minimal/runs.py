@@ -27,8 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .lora import adapter_state, is_lora, merged_copy
+from .paths import work_root
+
 RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
-RUNS_ROOT = Path(__file__).resolve().parent.parent / "runs"
+RUNS_ROOT = work_root() / "runs"        # the repository's runs/, or ./runs of an installed copy
 
 
 def default_run_dir(cfg) -> str:
@@ -115,6 +118,7 @@ def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torc
     extra: {file name: object}, written with json (names ending in .json) or torch.save.
     dtype: save the weights cast to this dtype (the model itself is left as it is)."""
     out = Path(out)
+    model = merged_copy(model)     # LoRA: a plain checkpoint that eval.py loads (lora.py, choice 4)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -157,6 +161,8 @@ def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, config: dic
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
         "config": config,
     }
+    if is_lora(model):
+        state["lora"] = adapter_state(model)     # --resume puts these on the base model
     path = Path(run_dir) / f"ckpt-{step:06d}"
     save_hf_atomic(model, tokenizer, path, {"trainer_state.pt": state})
     if keep:                                     # 0 keeps them all

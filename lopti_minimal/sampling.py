@@ -177,7 +177,8 @@ def _unpatch(cache) -> None:
 
 def _cache_kwarg(model) -> str:
     """transformers 5.x renamed `past_key_values` to `cache`; accept either API."""
-    params = inspect.signature(model.forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model   # peft (LoRA)
+    params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

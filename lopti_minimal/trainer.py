@@ -40,6 +40,8 @@ from .lopti import lopti_update, split_by_probability
 from .models import (ModelLoadError, count_parameters, default_device, encode_prompts,
                      load_model_and_tokenizer, set_gradient_checkpointing)
 from . import mechanism, precision, runs, token_fixes
+from .lora import add_lora, load_adapter_state
+from .paths import resolve_model, work_root
 from .precision import PrecisionError, check_hardware, master_dtype, ref_dtype, reference_copy
 from .precision import autocast as amp
 from .precision import build_optimizer
@@ -52,7 +54,8 @@ from .task.behaviours import derive_share
 from .task.evaluate import check_records, evaluate_records, write_eval_json
 from .task.reward import score_response
 
-ROOT = Path(__file__).resolve().parent.parent
+# The repository (or, in an installed copy, the current directory): cache/ is written here.
+ROOT = work_root()
 
 
 # =======================================================================================
@@ -143,9 +146,9 @@ def load_policy(cfg: TrainConfig, source: str | None = None):
     """(model, tokenizer) from cfg.model (or ``source``, e.g. a checkpoint), on the
     configured device and dtype; gradient checkpointing as configured."""
     device = resolve_device(cfg)
+    # repo-relative defaults work from any working dir, and from an installed copy
     src = source or cfg.model
-    if src and not os.path.isabs(src) and not os.path.exists(src) and (ROOT / src).exists():
-        src = str(ROOT / src)          # repo-relative defaults work from any working dir
+    src = resolve_model(src) if src else src
     try:
         model, tok = load_model_and_tokenizer(src, dtype=resolve_dtype(cfg, device), device=device)
     except ModelLoadError as e:
@@ -419,6 +422,8 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     #     Eq. 1; always cfg.model, also on resume) ---
     model, tokenizer = load_policy(cfg)
     ref = frozen_copy(model, ref_dtype(cfg)) if cfg.kl_coef else None
+    if cfg.lora_rank:            # after pi_ref: the base model (lora.py, choice 3)
+        model = add_lora(model, cfg.lora_rank, seed=cfg.seed)
     optimizer = make_optimizer(model, cfg)
     # plumbing: resume from the latest checkpoint, or start the run directory
     start = 0
@@ -427,9 +432,12 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
         if ck:
             start, path = ck[-1]
             state = torch.load(path / "trainer_state.pt", weights_only=False)
-            loaded, _ = load_policy(cfg, str(path))
-            model.load_state_dict(loaded.state_dict())
-            del loaded
+            if cfg.lora_rank:
+                load_adapter_state(model, state["lora"])
+            else:
+                loaded, _ = load_policy(cfg, str(path))
+                model.load_state_dict(loaded.state_dict())
+                del loaded
             optimizer.load_state_dict(state["optimizer"])
             random.setstate(state["rng"]["python"])
             np.random.set_state(state["rng"]["numpy"])

@@ -4,7 +4,8 @@
 Optional: the core package never imports it (nor TRL); `pip install -r requirements-trl.txt`.
 The algorithms live in `reweight.py` (Eq. 4) and `lopti.py` (Algorithm 1); this module only
 teaches TRL to run them, and `tests/test_trl_grpo.py` checks that one TRL update equals our
-`grpo_update` / `lopti_update` on the same batch. The choices in full: docs/GPU.md.
+`grpo_update` / `lopti_update` on the same batch (`tests/test_trl_multiprocess.py`: also
+split over two processes). The choices in full: docs/GPU.md.
 
 Design choices, in order of importance:
 
@@ -72,7 +73,7 @@ TRL_MAPPING = (
     ("autocast_bf16", "bf16", "bf16 autocast around the forward passes, float32 weights"),
     ("gradient_checkpointing", "gradient_checkpointing", ""),
     ("seed", "seed", "the random streams differ from ours (sampler, prompt order)"),
-    ("device='cpu'", "use_cpu=True", ""),
+    ("device='cpu' (or 'auto' without CUDA)", "use_cpu=True", "as trainer.resolve_device"),
 )
 
 # Our settings with no TRL argument, and what the subclass does about each.
@@ -155,7 +156,8 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         # numerics, hardware
         bf16=bool(cfg.autocast_bf16), fp16=False,
         gradient_checkpointing=bool(cfg.gradient_checkpointing), seed=cfg.seed,
-        use_cpu=(cfg.device == "cpu"), model_init_kwargs={"dtype": "float32"},
+        use_cpu=(cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())),
+        model_init_kwargs={"dtype": "float32"},
     )
     if cfg.method == "cispo":
         args.update(loss_type="cispo", epsilon_high=1.0 + cfg.cispo_eps_high)

@@ -226,3 +226,24 @@ def test_split_never_shares_a_puzzle():
     assert 20 <= len(test) <= 21
     assert kk.disjoint(train, test)
     assert not kk.disjoint(recs[:5], recs[3:8])
+
+
+def test_save_jsonl_while_another_process_writes_the_same_file(tmp_path):
+    """Two processes caching the same file at once (the ranks of `accelerate launch`, a
+    study's parallel jobs) both succeed: each writes its own temporary file. Here a second
+    process writes the whole file while the first is halfway through its own."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    from lopti_minimal.task.kk import load_jsonl, save_jsonl
+    path = tmp_path / "set.jsonl"
+    other = ("import sys; from lopti_minimal.task.kk import save_jsonl; "
+             "save_jsonl([{'i': 0}, {'i': 1}], sys.argv[1], overwrite=True)")
+
+    def records():
+        yield {"i": 0}
+        subprocess.run([sys.executable, "-c", other, str(path)], cwd=ROOT, check=True)
+        yield {"i": 1}
+    save_jsonl(records(), path, overwrite=True)
+    assert load_jsonl(path) == [{"i": 0}, {"i": 1}]
+    assert not list(tmp_path.glob("*.tmp"))

@@ -137,7 +137,10 @@ def config(method, grad_clip=1e9, lr=1e-3):
 
 
 def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_clip=1e9, record=None,
-            tmp="/tmp", paper_advantages=True, scored=None):
+            tmp="/tmp", paper_advantages=True, scored=None, num_processes=1, patch=None):
+    """One TRL update (one generation batch; two optimizer steps for Lopti) on the fixed
+    completions. num_processes: the processes of `accelerate launch` sharing the global
+    batch (tests/test_trl_multiprocess.py); patch(trainer): a last change before training."""
     from datasets import Dataset
     cfg = config(method, grad_clip=grad_clip, lr=lr)
     reward_fn, _ = reward_of(setting)
@@ -145,7 +148,7 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
     opt = (RecordingSGD(model.parameters(), lr=lr) if opt_kind == "sgd"
            else RecordingAdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay))
     n_opt_steps = 2 if cfg.uses_lopti else 1
-    args = make_trl_config(cfg, tmp, max_steps=n_opt_steps, report_to="none", save_strategy="no",
+    args = make_trl_config(cfg, tmp, num_processes, max_steps=n_opt_steps, report_to="none", save_strategy="no",
                            logging_steps=1, disable_tqdm=True, shuffle_dataset=False,
                            dataloader_num_workers=0)
     trainer = LoptiGRPOTrainer(model=model, reward_funcs=reward_fn, args=args,
@@ -153,18 +156,15 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
                                processing_class=setting["tok"], optimizers=(opt, None),
                                method=method, lopti_order=order, paper_advantages=paper_advantages)
 
-    # The only replaced piece: sampling returns the fixed completions of each prompt.
-    by_prompt = {}
-    for i, c in enumerate(setting["completions"]):
-        by_prompt.setdefault(tuple(setting["prompt_ids"][i // G]), []).append(c)
-
+    # The only replaced piece: sampling returns the fixed completions. The prompts come in
+    # dataset order (no shuffling), G rows each, and each process gets its consecutive share
+    # of the global rows: local row r of process k is global row k * rows + r.
     def fixed_generation(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        taken, outs = {}, []
-        for ids in prompt_ids:
-            k = tuple(ids)
-            assert k in by_prompt, "TRL tokenized a prompt differently from ours"
-            outs.append(list(by_prompt[k][taken.get(k, 0)]))
-            taken[k] = taken.get(k, 0) + 1
+        first = trainer.accelerator.process_index * len(prompt_ids)
+        outs = []
+        for j, ids in enumerate(prompt_ids, start=first):
+            assert list(ids) == setting["prompt_ids"][j // G], "TRL's rows differ from ours (order or tokens)"
+            outs.append(list(setting["completions"][j]))
         return outs, None
     trainer._generate_single_turn = fixed_generation
 
@@ -193,6 +193,8 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
         trainer._get_per_token_logps_and_entropies = logps
         trainer._compute_loss = loss
 
+    if patch is not None:
+        patch(trainer)
     p0 = flat(model)
     trainer.train()
     assert trainer.state.global_step == n_opt_steps

@@ -35,6 +35,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..paths import shipped
+
 # --------------------------------------------------------------------------------------
 # Grammar
 # --------------------------------------------------------------------------------------
@@ -531,14 +533,18 @@ def save_jsonl(records: Iterable[dict], path, overwrite: bool = False) -> None:
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists (pass overwrite=True / --force to replace it)")
-    tmp = path.with_name(path.name + ".tmp")
+    # One temporary file per process: processes that write the same file at once (the ranks
+    # of `accelerate launch`, a study's parallel jobs caching the same RL set) must not
+    # share one, or the second os.replace finds it gone.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
     os.replace(tmp, path)  # atomic: no half-written file on interruption
 
 
-OFFICIAL_DIR = Path(__file__).resolve().parents[2] / "data" / "kk_benchmark"
+# data/kk_benchmark in a checkout, lopti_minimal/_shipped/kk_benchmark in an installed copy
+OFFICIAL_DIR = shipped("data/kk_benchmark")
 
 
 def load_official(sizes: Iterable[int] = range(3, 8)) -> list[dict]:

@@ -1,0 +1,138 @@
+"""LoRA (lora.py, peft): AR (Eq. 4) and Lopti (Algorithm 1) unchanged on top of adapters.
+One Lopti update moves only the adapters and equals the same loss computed by hand; the
+merged checkpoint is a plain Hugging Face model that eval.py loads, with the same outputs."""
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("peft")     # the `lora` extra (requirements-lora.txt; CI installs it)
+
+from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, batch_logprobs,  # noqa: E402
+                                group_advantages, kl_k3, policy_loss, token_logprobs)
+from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
+from lopti_minimal.lora import add_lora, adapter_state, merged_copy  # noqa: E402
+from lopti_minimal.reweight import reweight_advantages  # noqa: E402
+from lopti_minimal.sampling import sample_groups  # noqa: E402
+
+from conftest import BOS, EOS, PAD, tiny_llama  # noqa: E402
+
+PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
+G = 4
+REWARDS = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, 3.0, -1.0, -0.5, 3.0, -1.0, -0.5, -0.5])
+ETA, ALPHA, LR = 0.5, 0.3, 0.5
+
+
+def setup():
+    """The tiny Llama with fresh rank-4 adapters, an AR batch sampled from it, and a
+    reference policy that differs from it (so the KL term has gradient)."""
+    torch.manual_seed(0)
+    model = add_lora(tiny_llama(), rank=4)
+    r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=1.0,
+                      eos_token_id=EOS, pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
+    b = batch_from_rollout(r, group_advantages(REWARDS, G))
+    b["advantages"] = reweight_advantages(b["advantages"], b["old_logprobs"], ALPHA)
+    cfg = GRPOConfig(temperature=1.0, kl_coef=0.05, mini_batch_size=12, micro_batch_size=6,
+                     grad_clip=1e9)
+    return model, b, tiny_llama(seed=1), cfg
+
+
+def by_hand(model, b, ref, cfg):
+    """Algorithm 1 written out: per stage, the token-mean over ALL response tokens of
+    (clipped surrogate + kl_coef * k3) on the stage's tokens, then an SGD step."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref_logp = batch_logprobs(ref, b, cfg)
+    for stage in split_by_probability(b["old_logprobs"], b["response_mask"], ETA):    # low, high
+        logp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["prompt_len"], cfg.temperature)
+        pg, _ = policy_loss(logp, b["old_logprobs"], b["advantages"], cfg.eps_low, cfg.eps_high, cfg.clip_c)
+        loss = ((pg + cfg.kl_coef * kl_k3(logp, ref_logp)) * stage).sum() / b["response_mask"].sum()
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p -= LR * g
+
+
+def test_lopti_update_moves_only_the_adapters_and_equals_hand_computation(tmp_path):
+    model, b, ref, cfg = setup()
+    base0 = {k: v.clone() for k, v in model.named_parameters() if "lora_" not in k}
+    lora0 = {k: v.clone() for k, v in model.named_parameters() if "lora_" in k}
+    assert lora0 and all(v.requires_grad for k, v in model.named_parameters() if "lora_" in k)
+    hand = copy.deepcopy(model)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+    lopti_update(model, ref, opt, b, cfg, eta=ETA)
+    by_hand(hand, b, ref, cfg)
+
+    now = dict(model.named_parameters())
+    assert all(torch.equal(now[k], v) for k, v in base0.items()), "a base weight moved"
+    moved = [k for k, v in lora0.items() if not torch.equal(now[k], v)]
+    assert any("lora_B" in k for k in moved) and any("lora_A" in k for k in moved)
+    theirs = dict(hand.named_parameters())
+    ours_d = torch.cat([(now[k] - v).detach().flatten() for k, v in lora0.items()])
+    hand_d = torch.cat([(theirs[k] - v).detach().flatten() for k, v in lora0.items()])
+    # up to a float32 rounding of the adapter weights themselves (~1e-8 here)
+    assert float((ours_d - hand_d).abs().max()) <= 1e-4 * float(hand_d.abs().max())
+
+
+def test_merged_checkpoint_is_what_eval_loads(nano_dir, tmp_path):
+    """After an AR+Lopti update of a LoRA policy, the run's save path (runs.save_hf_atomic)
+    writes the adapters merged into a plain checkpoint: eval.py's loader reads it with the
+    adapted policy's log-probs and samples, and eval.py evaluates it; the training model
+    keeps its adapters."""
+    from conftest import load_script
+    from lopti_minimal.models import load_model_and_tokenizer
+    from lopti_minimal.runs import save_hf_atomic
+    base, tok = load_model_and_tokenizer(nano_dir, dtype=torch.float32, device="cpu")
+    model = add_lora(copy.deepcopy(base), rank=4)
+    prompts = [tok(text=t)["input_ids"] for t in ("Alice says Bob is a knight.", "Bob lies.")]
+    kw = dict(group_size=4, max_new_tokens=8, temperature=1.0, eos_token_id=tok.eos_token_id,
+              pad_token_id=tok.pad_token_id)
+    r = sample_groups(model, prompts, generator=torch.Generator().manual_seed(0), **kw)
+    b = batch_from_rollout(r, group_advantages(REWARDS[:8], G))
+    b["advantages"] = reweight_advantages(b["advantages"], b["old_logprobs"], ALPHA)
+    cfg = GRPOConfig(temperature=1.0, kl_coef=0.0, mini_batch_size=8, micro_batch_size=8)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+    lopti_update(model, None, opt, b, cfg, eta=ETA)
+
+    save_hf_atomic(model, tok, tmp_path / "final")
+    assert not (tmp_path / "final" / "adapter_config.json").exists()
+    assert len(adapter_state(model)) > 0                       # the original keeps its adapters
+    loaded, _ = load_model_and_tokenizer(str(tmp_path / "final"), dtype=torch.float32, device="cpu")
+    assert not any("lora_" in k for k in loaded.state_dict())
+    want = batch_logprobs(model, b, cfg)
+    assert float((batch_logprobs(loaded, b, cfg) - want).abs().max()) <= 1e-5
+    assert float((batch_logprobs(base, b, cfg) - want).abs().max()) > 1e-4   # the update mattered
+    a = sample_groups(model, prompts, generator=torch.Generator().manual_seed(5), **kw)
+    c = sample_groups(loaded, prompts, generator=torch.Generator().manual_seed(5), **kw)
+    assert torch.equal(a.response_ids, c.response_ids)
+    assert merged_copy(loaded) is loaded
+    rc = load_script("eval.py").main(["--model", str(tmp_path / "final"), "--sizes", "3", "--per-size", "2",
+                                      "--max-new-tokens", "8", "--device", "cpu", "--no-progress",
+                                      "--out", str(tmp_path / "eval.json")])
+    assert rc == 0 and (tmp_path / "eval.json").exists()
+
+
+def test_train_with_lora_resumes_exactly(nano_dir, tmp_path):
+    """`train` with lora_rank: 2 AR+Lopti steps straight equal 1 step, then --resume to 2
+    (the adapters come back from trainer_state.pt onto the base model), metrics and final
+    merged weights alike; the final policy is a plain checkpoint and differs from the base."""
+    from test_trainer import TIMING, length_reward, small_cfg
+    from transformers import AutoModelForCausalLM
+    from lopti_minimal import trainer
+
+    def cfg(name, steps):
+        return small_cfg(nano_dir, tmp_path / name, method="ar_lopti", lora_rank=4, steps=steps,
+                         save_every=1, lr=3e-2, threads=1, device="cpu")
+    a = trainer.train(cfg("a", 2), reward_fn=length_reward, log=lambda s: None)
+    trainer.train(cfg("b", 1), reward_fn=length_reward, log=lambda s: None)
+    b = trainer.train(trainer.resume_config(str(tmp_path / "b" / "run"), steps=2, progress=False),
+                      resume=True, reward_fn=length_reward, log=lambda s: None)
+
+    def strip(ms):
+        return [{k: v for k, v in m.items() if k not in TIMING} for m in ms]
+    assert strip(a["metrics"]) == strip(b["metrics"]) and any(m["grad_norm"] > 0 for m in a["metrics"])
+    wa, wb, w0 = (AutoModelForCausalLM.from_pretrained(p).state_dict()
+                  for p in (a["paths"]["final_model"], b["paths"]["final_model"], nano_dir))
+    assert set(wa) == set(w0)                                   # no lora_ keys: merged
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], w0[k]) for k in wa)
+    assert all(torch.equal(wa[k], w0[k]) for k in wa if "embed" in k or "norm" in k)   # not adapted
