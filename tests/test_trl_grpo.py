@@ -370,82 +370,13 @@ def test_lopti_stage_order(setting, order, tmp_path):
         assert stage.any()
 
 
-def test_delta_is_the_dual_clip(setting, tmp_path):
-    """Design choice 6: TRL's `delta` = our dual clip c = 10, value and gradient, on ratios far
-    from 1. The subclass's `_compute_loss` gets a prepared batch whose pi_old makes some
-    ratios 20 (dual clip active where A < 0), some 0.05, some near 1; our `policy_loss` +
-    `kl_k3` with a token-mean must give the same loss and gradient. Without delta TRL's
-    loss differs (so the check is sensitive)."""
-    from lopti_minimal.grpo import kl_k3, policy_loss, token_logprobs
-    from datasets import Dataset
-    cfg = config("grpo")
-    reward_fn, _ = reward_of(setting)
-    tok = setting["tok"]
-    model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
-    trainer = LoptiGRPOTrainer(
-        model=model, reward_funcs=reward_fn, processing_class=tok, method="grpo",
-        train_dataset=Dataset.from_list([{"prompt": p} for p in setting["prompts"]]),
-        args=make_trl_config(cfg, str(tmp_path), report_to="none", save_strategy="no",
-                             disable_tqdm=True, dataloader_num_workers=0))
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
-    comps = setting["completions"]
-    B, R = len(comps), max(len(c) for c in comps)
-    cids = torch.tensor([c + [tok.pad_token_id] * (R - len(c)) for c in comps])
-    cmask = torch.tensor([[1] * len(c) + [0] * (R - len(c)) for c in comps])
-    pids = torch.tensor([setting["prompt_ids"][i // G] for i in range(B)])
-    ids, am = torch.cat([pids, cids], 1), torch.cat([torch.ones_like(pids), cmask], 1)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        logp0 = token_logprobs(model, ids, am, pids.shape[1], TEMPERATURE)
-    shift = torch.tensor([3.0, -3.0, 0.05, -0.05])[torch.randint(0, 4, (B, R), generator=gen)]
-    old = (logp0 - shift) * cmask                       # ratio = e^shift: 20, 0.05, ~1
-    ref = (logp0 + 0.5 * torch.randn(B, R, generator=gen)) * cmask   # |log-ratio| < 2.6: no k3 clamp
-    adv = torch.randn(B, R, generator=gen) * cmask      # both signs, per token
-    m = cmask.float()
-    assert ((shift == 3.0) & (adv < 0) & (m > 0)).any(), "no dual-clipped token"
-    inputs = {"prompt_ids": pids, "prompt_mask": torch.ones_like(pids), "completion_ids": cids,
-              "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old,
-              "ref_per_token_logps": ref, "num_items_in_batch": cmask.sum()}
-
-    def trl_loss_and_grad():
-        model.zero_grad()
-        loss = trainer._compute_loss(model, dict(inputs))
-        loss.backward()
-        return float(loss), torch.cat([p.grad.flatten() for p in model.parameters()]).clone()
-
-    l_trl, g_trl = trl_loss_and_grad()
-    model.zero_grad()
-    logp = token_logprobs(model, ids, am, pids.shape[1], TEMPERATURE)
-    pg, st = policy_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, cfg.clip_c)
-    assert st["dual_clipped"][m > 0].any()
-    ours = ((pg + cfg.kl_coef * kl_k3(logp, ref)) * m).sum() / m.sum()
-    ours.backward()
-    g_ours = torch.cat([p.grad.flatten() for p in model.parameters()])
-    print(f"delta = clip_c: |loss diff| {abs(l_trl - float(ours)):.3e}, "
-          f"max |grad diff| {float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
-    assert abs(l_trl - float(ours)) <= 1e-5 * abs(float(ours)) + 1e-7
-    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
-    trainer.args.delta = None                           # plain TRL clipping: no dual clip
-    l_plain, _ = trl_loss_and_grad()
-    assert abs(l_plain - float(ours)) > 1e-3 * abs(float(ours))
-    trainer.args.delta = cfg.clip_c
-    trainer.args.use_bias_correction_kl = True          # TRL's default: k3 * rho
-    l_corr, _ = trl_loss_and_grad()
-    assert abs(l_corr - float(ours)) > 1e-3 * abs(float(ours))
-
-
 def _prepared(setting, method, tmp_path):
     """A LoptiGRPOTrainer for `method` (args from make_trl_config) and one prepared batch of
-    the fixed completions, as in test_delta_is_the_dual_clip: pi_old shifted so that ratios
-    are 20, 0.05 or ~1, a reference policy within the k3 clamps, per-token advantages of
-    both signs. Returns (trainer, model, inputs, batch for grpo_update, cfg)."""
+    the fixed completions: pi_old shifted so that ratios are 20, 0.05 or ~1, a reference
+    policy within |log-ratio| < 2.6 (no k3 clamp active), per-token advantages of both signs. Returns (trainer, model, inputs, batch for grpo_update, cfg)."""
     from lopti_minimal.grpo import token_logprobs
     from datasets import Dataset
-    cfg = T.make_config("ci", method=method, group_size=G, prompts_per_step=len(PROMPTS),
-                        micro_batch_size=6, mini_batch_size=256, temperature=TEMPERATURE,
-                        max_new_tokens=MAX_NEW, kl_coef=KL, lr=1e-3, grad_clip=1e9,
-                        autocast_bf16=False, device="cpu", threads=1)
+    cfg = config(method)
     reward_fn, _ = reward_of(setting)
     tok = setting["tok"]
     model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
@@ -489,6 +420,38 @@ def _our_loss_and_grad(model, batch, cfg, fix):
     opt = RecordingSGD(model.parameters(), lr=0.0)
     m = grpo_update(model, batch["ref"], opt, batch, cfg.grpo_config(), pg_loss=fix)
     return m["loss"], opt.grads[0]
+
+
+def test_delta_is_the_dual_clip(setting, tmp_path):
+    """Design choice 6: TRL's `delta` = our dual clip c = 10, value and gradient, on ratios far
+    from 1. The subclass's `_compute_loss` gets a prepared batch whose pi_old makes some
+    ratios 20 (dual clip active where A < 0), some 0.05, some near 1; our `policy_loss` +
+    `kl_k3` with a token-mean must give the same loss and gradient. Without delta TRL's
+    loss differs (so the check is sensitive)."""
+    from lopti_minimal.grpo import kl_k3, policy_loss, token_logprobs
+    trainer, model, inputs, batch, cfg = _prepared(setting, "grpo", tmp_path)
+    ids, am, old, ref, adv = (batch[k] for k in ("input_ids", "attention_mask", "old_logprobs", "ref",
+                                                 "advantages"))
+    m = batch["response_mask"]
+    l_trl, g_trl = _trl_loss_and_grad(trainer, model, inputs)
+    model.zero_grad()
+    logp = token_logprobs(model, ids, am, batch["prompt_len"], TEMPERATURE)
+    pg, st = policy_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, cfg.clip_c)
+    assert st["dual_clipped"][m > 0].any(), "no dual-clipped token"
+    ours = ((pg + cfg.kl_coef * kl_k3(logp, ref)) * m).sum() / m.sum()
+    ours.backward()
+    g_ours = torch.cat([p.grad.flatten() for p in model.parameters()])
+    print(f"delta = clip_c: |loss diff| {abs(l_trl - float(ours)):.3e}, "
+          f"max |grad diff| {float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
+    assert abs(l_trl - float(ours)) <= 1e-5 * abs(float(ours)) + 1e-7
+    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
+    trainer.args.delta = None                           # plain TRL clipping: no dual clip
+    l_plain, _ = _trl_loss_and_grad(trainer, model, inputs)
+    assert abs(l_plain - float(ours)) > 1e-3 * abs(float(ours))
+    trainer.args.delta = cfg.clip_c
+    trainer.args.use_bias_correction_kl = True          # TRL's default: k3 * rho
+    l_corr, _ = _trl_loss_and_grad(trainer, model, inputs)
+    assert abs(l_corr - float(ours)) > 1e-3 * abs(float(ours))
 
 
 def test_entropy_top_equals_trls_top_entropy_quantile(setting, tmp_path):
