@@ -354,7 +354,7 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     # Curves: moving average (window 2) of rewards 0, .5, 1 is 0, .25, .75 for every seed.
     c = g["curves"]["reward"]
     assert c["step"] == [1, 2, 3] and c["mean"] == pytest.approx([0, .25, .75]) and c["lo"] == c["mean"]
-    assert set(pr["grids"]) == {"main", "control", "reinforce_pp", "alpha", "eta", "order"}   # each grid table from the runs it has
+    assert set(pr["grids"]) == {"main", "control", "reinforce_pp", "alpha", "eta", "order", "token_fixes"}   # each grid table from the runs it has
     assert list(pr["grids"]["alpha"]["rows"]) == ["grpo", "ar-a0.2"]
     json.dumps(res)                                   # JSON-ready
 
