@@ -10,7 +10,8 @@ stays empty:
 
 - official greedy accuracy per size: ``eval_final.json`` (train.py's final evaluation) or
   ``eval_official_greedy.json`` (``eval.py --model M``), 100 puzzles per size;
-- ``eval_heldout3.json`` (``eval.py --data data/heldout3.jsonl``, greedy, 400 puzzles),
+- ``eval_heldout3.json`` (``eval.py --data data/heldout3.jsonl``, greedy, 400 puzzles; a
+  study run's ``eval_heldout.json`` is the same evaluation and is read when that is absent),
   ``eval_official3_k4.json`` (``--sizes 3 --samples 4``, T 0.7) and ``eval_heldout3_k2.json``
   (``--data data/heldout3.jsonl --samples 2``);
 - ``metrics.jsonl`` (an RL run's per-step log): the share of derivations at the first and
@@ -62,7 +63,10 @@ def read_folder(folder) -> dict:
     official = _official(folder)
     row = {"name": folder.name, "sizes": {n: _acc(official, n) for n in SIZES}}
     for label, name in THREE:
-        row[label] = _acc(official) if name == "official" else _acc(_json(folder / name))
+        report = official if name == "official" else _json(folder / name)
+        if report is None and name == "eval_heldout3.json":
+            report = _json(folder / "eval_heldout.json")        # the study's file name
+        row[label] = _acc(report)
     metrics = [json.loads(l) for l in (folder / "metrics.jsonl").read_text().splitlines()
                if l.strip()] if (folder / "metrics.jsonl").exists() else []
     row["metrics"] = metrics

@@ -1,5 +1,6 @@
 """evaluate.py / eval.py: report structure, failure-mode rates, CLI and bad input."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,14 @@ def test_rl_summary_tables_means_and_selection_step(tmp_path, capsys):
     assert (tmp_path / "seeds.png").stat().st_size > 1000
     with pytest.raises(SystemExit):
         rs.main([str(tmp_path / "missing")])
+
+
+def test_rl_summary_reads_a_study_runs_heldout_file(tmp_path):
+    """A study run writes its held-out evaluation as eval_heldout.json; rl_summary reads it
+    when eval_heldout3.json is absent, and prefers eval_heldout3.json when both exist."""
+    rs = load_script("scripts/rl_summary.py")
+    run = Path(_write_run(tmp_path / "s", 0.4))
+    (run / "eval_heldout.json").write_text(json.dumps({"per_size": {"3": {"accuracy": 0.55}}}))
+    assert rs.read_folder(run)["held-out greedy"] == 0.55
+    (run / "eval_heldout3.json").write_text(json.dumps({"per_size": {"3": {"accuracy": 0.6}}}))
+    assert rs.read_folder(run)["held-out greedy"] == 0.6
