@@ -422,6 +422,18 @@ def _our_loss_and_grad(model, batch, cfg, fix):
     return m["loss"], opt.grads[0]
 
 
+def _assert_same_update(trainer, model, inputs, batch, cfg, fix, name):
+    """TRL's _compute_loss and our grpo_update with the method's hook: the same loss and
+    gradient (relative 1e-5 / 1e-4). Returns ours."""
+    l_trl, g_trl = _trl_loss_and_grad(trainer, model, inputs)
+    l_ours, g_ours = _our_loss_and_grad(model, batch, cfg, fix)
+    print(f"{name}: |loss diff| {abs(l_trl - l_ours):.3e}, max |grad diff| "
+          f"{float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
+    assert abs(l_trl - l_ours) <= 1e-5 * abs(l_ours) + 1e-7
+    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
+    return l_ours, g_ours
+
+
 def test_delta_is_the_dual_clip(setting, tmp_path):
     """Design choice 6: TRL's `delta` = our dual clip c = 10, value and gradient, on ratios far
     from 1. The subclass's `_compute_loss` gets a prepared batch whose pi_old makes some
@@ -476,12 +488,7 @@ def test_entropy_top_equals_trls_top_entropy_quantile(setting, tmp_path):
     assert float(((H_trl - H_ours) * m).abs().max()) < 1e-5
     trl_mask = trainer.get_high_entropy_mask(H_trl, m, 1 - 0.2).float()
     assert torch.equal(trl_mask, fix.mask) and 0 < fix.fraction(m) < 0.3
-    l_trl, g_trl = _trl_loss_and_grad(trainer, model, inputs)
-    l_ours, g_ours = _our_loss_and_grad(model, batch, cfg, fix)
-    print(f"entropy_top: |loss diff| {abs(l_trl - l_ours):.3e}, max |grad diff| "
-          f"{float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
-    assert abs(l_trl - l_ours) <= 1e-5 * abs(l_ours) + 1e-7
-    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
+    l_ours, g_ours = _assert_same_update(trainer, model, inputs, batch, cfg, fix, "entropy_top")
     trainer.top_entropy_quantile = 1.0                  # every token: TRL's loss changes
     l_all, _ = _trl_loss_and_grad(trainer, model, inputs)
     assert abs(l_all - l_ours) > 1e-3 * abs(l_ours)
@@ -504,12 +511,7 @@ def test_cispo_equals_trls_loss_type_cispo(setting, tmp_path):
     assert trainer.args.loss_type == "cispo" and trainer.epsilon_high == 5.0
     fix = TF.build("cispo", model, batch, cfg.grpo_config(), cispo_eps_low=cfg.cispo_eps_low,
                    cispo_eps_high=cfg.cispo_eps_high)
-    l_trl, g_trl = _trl_loss_and_grad(trainer, model, inputs)
-    l_ours, g_ours = _our_loss_and_grad(model, batch, cfg, fix)
-    print(f"cispo: |loss diff| {abs(l_trl - l_ours):.3e}, max |grad diff| "
-          f"{float((g_trl - g_ours).abs().max()):.3e} (max |grad| {float(g_ours.abs().max()):.3e})")
-    assert abs(l_trl - l_ours) <= 1e-5 * abs(l_ours) + 1e-7
-    assert float((g_trl - g_ours).abs().max()) <= 1e-4 * float(g_ours.abs().max())
+    l_ours, g_ours = _assert_same_update(trainer, model, inputs, batch, cfg, fix, "cispo")
     _, g_ppo = _our_loss_and_grad(model, batch, cfg, None)
     assert float((g_ppo - g_ours).abs().max()) > 1e-2 * float(g_ours.abs().max())
     trainer.loss_type = "dapo"
