@@ -593,10 +593,11 @@ def write_report(res: dict, path, figures_dir, plots: bool = True) -> str:
         if pr["excluded"]:
             L += ["Left out (config differs from the other runs of this preset): " +
                   "; ".join(f"`{e['dir']}` ({', '.join(e['differs_in'])})" for e in pr["excluded"]), ""]
-        main_names = set(pr["grids"].get("main", {}).get("rows", {}))
+        shown: set = set()
         for grid, table in pr["grids"].items():
-            if grid != "main" and set(table["rows"]) <= main_names | {GRPO.name}:
-                continue            # a sweep with no run of its own repeats the main table
+            if grid != "main" and set(table["rows"]) <= shown | {GRPO.name}:
+                continue            # a grid with no run of its own repeats the tables above
+            shown |= set(table["rows"])
             rows = list(table["rows"].values())
             L += [f"### {GRID_TITLES[grid]}", "", f"Seeds {_seed_text(table['seeds'])} "
                   f"(n = {len(table['seeds'])} per row)." + (" The first row is the starting policy, evaluated once "
