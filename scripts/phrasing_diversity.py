@@ -62,12 +62,8 @@ def diversity(texts: list[str]) -> dict:
 
 
 def measure_policy(model_path: str, prompts: int, group_size: int, seed: int) -> dict:
-    import torch
-    from lopti_minimal.models import load_model_and_tokenizer
-    from lopti_minimal.runs import resolve_model_source
-    from token_bins import measure
-    source, _ = resolve_model_source(model_path)
-    model, tok = load_model_and_tokenizer(source, dtype=torch.float32, device="cpu")
+    from token_bins import load_policy, measure
+    model, tok = load_policy(model_path)
     res = measure(model, tok, prompts, group_size, seed=seed, keep_texts=True)
     texts = res.pop("texts")
     return {"model": model_path, "diversity": diversity(texts), "token_bins": res}

@@ -59,6 +59,17 @@ def measure(model, tokenizer, prompts: int = 32, group_size: int = 8, people: in
                          "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed}}
 
 
+def load_policy(path: str, threads: int | None = None):
+    """A model folder or a run directory (its final policy), float32 on the CPU."""
+    import torch
+    from lopti_minimal.models import load_model_and_tokenizer
+    from lopti_minimal.runs import resolve_model_source
+    if threads:
+        torch.set_num_threads(threads)
+    source, _ = resolve_model_source(path)
+    return load_model_and_tokenizer(source, dtype=torch.float32, device="cpu")
+
+
 def format_report(res: dict) -> str:
     fmt = lambda xs: " ".join(f"{x:5.3f}" for x in xs)  # noqa: E731
     lines = [f"{res['responses']} responses, derivations {res['derive_share']:.3f}, "
@@ -86,13 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", help="write the numbers here (JSON)")
     a = ap.parse_args(argv)
-    import torch
-    from lopti_minimal.models import load_model_and_tokenizer
-    from lopti_minimal.runs import resolve_model_source
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    source, _ = resolve_model_source(a.model)
-    model, tok = load_model_and_tokenizer(source, dtype=torch.float32, device="cpu")
+    model, tok = load_policy(a.model, a.threads)
     res = measure(model, tok, a.prompts, a.group_size, a.people, a.temperature, a.max_new_tokens, a.seed)
     res["model"] = a.model
     print(format_report(res))
