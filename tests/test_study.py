@@ -510,3 +510,29 @@ def test_sigterm_stops_the_study_command_like_ctrl_c(tmp_path):
     import signal
     with pytest.raises(KeyboardInterrupt):
         S._interrupt_on_sigterm(signal.SIGTERM, None)
+
+
+def test_archive_keeps_finished_runs_without_weights(tmp_path):
+    """scripts/archive_study.py: a finished run is copied without ckpt-*/, final/ and plots;
+    an unfinished run is left out (copied back, it would be resumed without a checkpoint)."""
+    from conftest import load_script
+    arch = load_script("scripts/archive_study.py")
+    study = tmp_path / "study"
+    done, todo = study / "cpu-tiny" / "grpo-s0", study / "cpu-tiny" / "grpo-s1"
+    for run in (done, todo):
+        (run / "ckpt-000010").mkdir(parents=True)
+        (run / "ckpt-000010" / "model.safetensors").write_bytes(b"w")
+        (run / "run.json").write_text("{}")
+        (run / "metrics.jsonl").write_text("{}\n")
+    (done / "final").mkdir()
+    (done / "final" / "model.safetensors").write_bytes(b"w")
+    (done / "eval_final.json").write_text("{}")
+    (done / "training.png").write_bytes(b"png")
+    (study / "cpu-tiny" / "warm-start-eval.json").write_text("{}")
+
+    written = arch.archive(study, tmp_path / "archive")
+    out = tmp_path / "archive" / "cpu-tiny"
+    assert written == [out / "grpo-s0"]
+    assert sorted(p.name for p in (out / "grpo-s0").iterdir()) == ["eval_final.json", "metrics.jsonl", "run.json"]
+    assert not (out / "grpo-s1").exists()
+    assert (out / "warm-start-eval.json").exists()

@@ -1,0 +1,64 @@
+"""Copy a study's finished runs, without their model weights, into a folder git can hold.
+
+    python scripts/archive_study.py runs/study-tiny-warm results/study-tiny-warm
+
+A study runs for hours, longer than a machine may be kept. Its report (docs/RESULTS.md) and
+the per-run scripts (rl_summary.py, phrasing_diversity.py's table) read only the small
+files of each run -- run.json, metrics.jsonl, the evaluations, summary.json, phrasing.json --
+so those are what is kept: a run is copied only when it is finished (its eval_final.json
+exists), without its checkpoints (ckpt-*/), its final policy (final/) and its plots (*.png,
+which the report redraws). The preset's warm-start evaluations come along.
+
+To continue a study on a fresh machine, copy the archive back and run the same study
+command: the archived runs count as finished and are skipped (study.py's run_status).
+
+    cp -r results/study-tiny-warm runs/study-tiny-warm
+
+Run phrasing_diversity.py --study first if its table is wanted: it needs each run's final/.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+SKIP = ("ckpt-*", "final", "*.png")
+
+
+def finished_runs(study: Path) -> list[Path]:
+    """The run folders of every preset under `study` whose final evaluation was written."""
+    return sorted(p.parent for p in study.glob("*/*/eval_final.json"))
+
+
+def archive(study: Path, dest: Path) -> list[Path]:
+    """Copy each finished run (without SKIP) and each preset's top-level .json files.
+    Returns the run folders written. Re-running refreshes them (e.g. a new phrasing.json)."""
+    written = []
+    for run in finished_runs(study):
+        target = dest / run.relative_to(study)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(run, target, ignore=shutil.ignore_patterns(*SKIP))
+        written.append(target)
+    for f in study.glob("*/*.json"):
+        (dest / f.relative_to(study)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest / f.relative_to(study))
+    return written
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("study", type=Path, help="the study's --out folder")
+    ap.add_argument("dest", type=Path, help="the archive folder (e.g. results/study-tiny-warm)")
+    a = ap.parse_args(argv)
+    if not a.study.is_dir():
+        print(f"error: {a.study} is not a folder", file=sys.stderr)
+        return 2
+    written = archive(a.study, a.dest)
+    print(f"{len(written)} finished runs copied to {a.dest} (without {', '.join(SKIP)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
