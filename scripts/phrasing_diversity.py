@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="HF folder, or a run directory (its final policy)")
-    src.add_argument("--study", help="a study folder (python -m lopti_minimal.study --out)")
+    src.add_argument("--study", help="a study folder (python -m lopti_minimal.experiments.study --out)")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=424243)

@@ -1,9 +1,10 @@
 """Before/after tables of RL runs from their folders, and one plot of their training curves
-(the README's and docs/TWO_BEHAVIOURS.md's tables are this script's output).
+(the README's before/after tables are this script's output).
 
-    python scripts/rl_summary.py --before results/warmstart/tiny-warm \\
-        results/rl-default/tiny-warm-s0 results/rl-default/tiny-warm-s1 results/rl-default/tiny-warm-s2 \\
-        --reference results/warmstart/tiny-derive --plot /tmp/seeds.png
+    python scripts/rl_summary.py --before WARM_START RUN [RUN ...] [--reference OTHER] [--plot FILE]
+
+WARM_START is the folder of the starting policy's evaluations, each RUN the folder of an RL
+run (train.py's run directory, or a copy of its files), OTHER a folder shown for comparison.
 
 Every folder is read for the files the docs' commands write, and a column a folder lacks
 stays empty:
