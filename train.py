@@ -11,7 +11,7 @@ Design choices (Yang et al. 2025, arXiv 2505.12929; in full: docs/ARCHITECTURE.m
 1. Prompts: generated RL puzzles, the official test puzzles excluded, cached under cache/
    so every run and seed sees the same set (--data FILE: your own K&K JSONL).
 2. Policy: the shipped warm start checkpoints/tiny-warm, which guesses or derives: RL needs
-   a policy that is sometimes right and a behaviour to select (docs/RL_FROM_DERIVE.md).
+   a policy that is sometimes right and a behaviour to select (task/behaviours.py).
    --rebuild-warmstart re-creates it; --model takes any causal LM.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step: G responses per prompt, the Logic-RL reward, group advantages, AR (paper

@@ -4,7 +4,7 @@ Design choices:
 
 1. Two tiers: the *tiny* tier, a Llama-architecture model from ``transformers`` with a
    small config and our own K&K tokenizer (tokenizer.py), trained from scratch on a CPU
-   (warmstart.py); the *pretrained* tier, any Hugging Face causal LM, from a local
+   (experiments/warmstart.py); the *pretrained* tier, any Hugging Face causal LM, from a local
    directory, a hub id (where the hub is reachable) or a ``.gguf`` file (dequantized by
    transformers on load).
 2. Both are ordinary ``PreTrainedModel`` objects, so the RL code never cares which tier it

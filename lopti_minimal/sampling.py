@@ -8,16 +8,22 @@ Design choices:
 
 1. A group of G sampled responses for every prompt (GRPO, the objective the paper builds
    on), and for every sampled token o_t its log-probability log pi_old(o_t) *at the
-   rollout temperature* -- the same quantity the trainer recomputes as log pi_theta(o_t),
-   so that the ratio pi_theta / pi_old is exactly 1 at the first update on fresh samples
-   (a known pitfall of GRPO implementations: old and new log-probs at different
-   temperatures).
+   rollout temperature* -- the same quantity the update computes as log pi_theta(o_t), so
+   that the ratio pi_theta / pi_old is 1 at the first update on fresh samples (a known
+   pitfall of GRPO implementations: old and new log-probs at different temperatures).
+   ``logprobs=False`` skips them for a caller that computes pi_old otherwise: the trainer
+   by default recomputes it by a teacher-forced forward (the reference's way; under bf16
+   autocast the incremental logits differ in the last bits), so it is computed once.
 2. Our own loop rather than `model.generate`: we need the per-token log-probs of the full
    (unfiltered) tempered distribution, an explicit torch.Generator for determinism, and a
    loop that is cheap on a CPU.
 3. The loop is one batched forward per generated token over all B rows at once (no Python
    loop over rows), writes into preallocated buffers, and looks at the host only every
-   `check_every` steps to see whether all rows are done.
+   `check_every` steps to see whether all rows are done. The KV cache is transformers'
+   StaticCache with two patches that change no token (`kv_cache`, a section a reader of
+   the method can skip).
+4. One batch type, `Rollout`, from the sampler to the update: the sampler fills the
+   sampled tokens and masks, the trainer adds pi_old, the advantages and pi_ref.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ target token.  Each target token is attributed to the kind of line it sits on:
 
 Printed per size: tokens, wrong tokens and mean negative log-likelihood per kind, and in
 how many puzzles the *first* wrong token lies on each kind (where greedy decoding would
-first leave the target).  docs/RL_FROM_DERIVE.md quotes this for the shipped checkpoint.
+first leave the target).
 """
 import argparse
 import collections

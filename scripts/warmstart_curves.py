@@ -10,8 +10,8 @@ the first --eval-per-size official puzzles and on the --heldout-per-size generat
 held-out puzzles, per size in `eval_sizes`) and at the final one.  Rows are matched by
 the evaluation's position in the history, so two runs evaluated every N steps line up;
 the step and the minutes of each run are printed next to its figures, so a mismatch is
-visible.  Why it exists: to compare a candidate warm start with an earlier one at equal
-steps (docs/TWO_BEHAVIOURS.md, "phrasing learned from the start").
+visible.  Why it exists: to compare a candidate warm start with another at equal steps
+(e.g. phrased derivations learned from the start against canonical ones).
 """
 from __future__ import annotations
 

@@ -255,7 +255,7 @@ def test_shipped_warm_start_mostly_guesses_greedy_and_derives_when_sampled():
 def test_shipped_warm_start_samples_tokens_of_every_probability():
     """The shipped warm start's phrasing (phrasing.py, learned from the first step): at the
     rollout temperature a fifth of its sampled tokens have pi_old < 0.5 (measured 0.22 on
-    256 samples, docs/TWO_BEHAVIOURS.md; tiny-derive 0.012), in the derivations as much as
+    256 samples; tiny-derive 0.012), in the derivations as much as
     in the guesses. scripts/token_bins.py's measurement, on 6 puzzles x 8 samples."""
     tb = load_script("scripts/token_bins.py")
     model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
@@ -334,7 +334,7 @@ def test_tiny_derive_record_meets_the_targets():
 
 
 def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
-    """scripts/teacher_forced_errors.py (quoted in docs/RL_FROM_DERIVE.md): every response token gets
+    """scripts/teacher_forced_errors.py: every response token gets
     exactly one kind of line, the derivation's kinds are all present, and the counts of
     wrong tokens are bounded by the token counts."""
     tfe = load_script("scripts/teacher_forced_errors.py")
@@ -355,7 +355,7 @@ def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
 
 
 def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop():
-    """scripts/format_errors.py (quoted in docs/RL_FROM_DERIVE.md) on hand-made responses."""
+    """scripts/format_errors.py on hand-made responses."""
     fe = load_script("scripts/format_errors.py")
     ran_out = "\ntry A=T\n  A=T: B=F = F bad\ntry A=F\ntry A=F B=T\n  x bad\ntry A=F B=F\n  x bad\ntry A=F B=T\n"
     mid = "\ntry A=T\ntry A=T B=T\n  x bad\ntry A=T\n"
@@ -366,7 +366,7 @@ def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop()
 
 
 def test_warmstart_curves_script_lines_up_two_runs_by_evaluation(tmp_path):
-    """scripts/warmstart_curves.py (quoted in docs/TWO_BEHAVIOURS.md): one row per
+    """scripts/warmstart_curves.py: one row per
     evaluation, each run's step and accuracies in its own columns, a shorter run blank."""
     wc = load_script("scripts/warmstart_curves.py")
     ev = lambda step, acc, final=False: {"step": step, "minutes": step / 100, "final": final,  # noqa: E731

@@ -71,8 +71,8 @@ class WarmStartConfig:
     preset: str = option("tiny", "model size (models.make_tiny_model)")
     out: str | None = option(None, "where to write the checkpoint (required; a shipped one, "
                              "checkpoints/NAME, only with --overwrite-shipped)", type=str)
-    # tiny-derive's stage 1: 95 + the final evaluation (1.6 min measured, docs/EXPERIMENTS.md)
-    # fits a 2-hour budget on 2 cores. The shipped recipe bounds its stage 1 by steps (recipe()).
+    # 95 + the final evaluation (1.6 min measured) fits a 2-hour budget on 2 cores; the
+    # shipped recipe bounds its stage 1 by steps instead (recipe()).
     minutes: float = option(95.0, "wall-clock budget of the training loop (excl. final eval)")
     steps: int | None = option(None, "fixed step budget (overrides --minutes)", type=int)
     lr: float = option(2e-3, "peak AdamW learning rate")
@@ -117,7 +117,7 @@ class WarmStartConfig:
     # there; 6 and 7 people need longer searches and are capped to keep evaluation cheap.
     # (Phrased derivations with tail words, the shipped warm start's: the longest of 100
     # generated targets plus 100 unsolvable searches has 511 tokens for 3 people, 1,060
-    # for 4, 2,212 for 5 -- scripts/phrasing_choices.py, docs/TWO_BEHAVIOURS.md.)
+    # for 4, 2,212 for 5 -- scripts/phrasing_choices.py.)
     max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 640, 4: 1152, 5: 1600, 6: 2048, 7: 2048})
     progress: bool = option(True, "no tqdm bar (log files)", flag="--no-progress")
     # Nothing lost on interruption: the whole training state (float32 weights, AdamW state,
@@ -435,7 +435,7 @@ PHRASING = ["--phrased", "--phrase-tails"]      # phrasing.py, with a tail word 
 
 def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2, minutes: float | None = None,
            derive_only: bool = False, stage1: str | None = None) -> list[list[str]]:
-    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; docs/EXPERIMENTS.md).
+    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both).
 
     1. From scratch, on solvable puzzles, to ``stage1`` (default ``OUT-stage1``):
        - the default (checkpoints/tiny-warm-stage1): derivations phrased freely from the
