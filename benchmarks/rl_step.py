@@ -61,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -221,7 +222,6 @@ def rollout_batch(S: Setup, step: int = 0):
     """One step's rollout turned into the update batch exactly as rl_step does (rewards,
     group advantages, rows sorted by length, recomputed old log-probs, reference log-probs),
     and its AR advantages (alpha of AR+Lopti)."""
-    from dataclasses import replace
     from lopti_minimal import plumbing, trainer as T
     from lopti_minimal.config import paper_settings
     from lopti_minimal.grpo import batch_logprobs, group_advantages, sort_by_length, token_advantages
@@ -267,7 +267,6 @@ def bare_forward_backward(model, batch, cfg, optimizer=None):
 
 
 def part_update(S: Setup, args) -> dict:
-    from dataclasses import replace
     from lopti_minimal.config import paper_settings
     from lopti_minimal.grpo import batch_logprobs, grpo_update
     from lopti_minimal.lopti import lopti_update
@@ -382,7 +381,7 @@ def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> l
     post-warm-up optimizer state, with the phase split."""
     from lopti_minimal import trainer as T
     from lopti_minimal.precision import build_optimizer
-    cfg = dataclass_replace(S.cfg, method=method)
+    cfg = replace(S.cfg, method=method)
     S.reset_weights()
     opt = build_optimizer(S.model, cfg)
     rec, pr = S.step_prompts(warmup_step)
@@ -406,11 +405,6 @@ def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> l
         out.append(ph)
     S.reset_weights()
     return out
-
-
-def dataclass_replace(cfg, **kw):
-    import dataclasses
-    return dataclasses.replace(cfg, **kw)
 
 
 def part_step(S: Setup, args) -> dict:
@@ -468,7 +462,7 @@ def memory_child(args) -> dict:
     cfg = make_cfg(args, gradient_checkpointing=args.child == "on")
     S = Setup(cfg)
     opt = build_optimizer(S.model, cfg)
-    small = dataclass_replace(cfg, prompts_per_step=1, group_size=2, max_new_tokens=8)
+    small = replace(cfg, prompts_per_step=1, group_size=2, max_new_tokens=8)
     rec, pr = S.step_prompts(10_000)
     T.rl_step(S.model, S.ref, opt, S.tok, rec[:1], pr[:1], small, 10_000)
     S.reset_weights()
@@ -520,7 +514,7 @@ def part_profile(S: Setup, args) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
     from lopti_minimal import trainer as T
     from lopti_minimal.precision import build_optimizer
-    cfg = dataclass_replace(S.cfg, method=args.methods[-1])
+    cfg = replace(S.cfg, method=args.methods[-1])
     S.reset_weights()
     opt = build_optimizer(S.model, cfg)
     rec, pr = S.step_prompts(10_000)
