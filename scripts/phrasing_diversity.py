@@ -84,7 +84,7 @@ def study_table(out: Path, prompts: int, group_size: int, seed: int, log=print) 
     """Measure the warm start and every finished run of a study folder; per-method table."""
     import numpy as np
     from lopti_minimal.experiments.grid import GRPO, HELDOUT_FILE, Variant
-    from lopti_minimal.experiments.report import find_runs
+    from lopti_minimal.experiments.aggregate import find_runs
     from lopti_minimal.experiments.stats import mean_ci, paired_diff
     from lopti_minimal.runs import saved_config
     done, _ = find_runs(out)

@@ -16,7 +16,7 @@ stays empty:
   ``eval_official3_k4.json`` (``--sizes 3 --samples 4``, T 0.7) and ``eval_heldout3_k2.json``
   (``--data data/heldout3.jsonl --samples 2``);
 - ``metrics.jsonl`` (an RL run's per-step log): the share of derivations at the first and
-  last step and the first step where it reaches 0.8 (``report.selection``), the share of
+  last step and the first step where it reaches 0.8 (``aggregate.selection``), the share of
   sampled tokens with pi_old < eta (``low_fraction``: what Lopti's first stage updates);
 - ``token_bins.json`` (``scripts/token_bins.py``): the share of sampled tokens with
   pi_old < 0.5.
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lopti_minimal.experiments.report import selection  # noqa: E402
+from lopti_minimal.experiments.aggregate import selection  # noqa: E402
 from lopti_minimal.plots import plot_runs  # noqa: E402
 
 SIZES = ("3", "4", "5", "6", "7")

@@ -38,7 +38,7 @@ def parse_args(argv=None):
     ap.add_argument("--preset", default="cpu-tiny", help="preset (lopti_minimal/config.py)")
     ap.add_argument("--model", help="model folder (default: the preset's)")
     ap.add_argument("--method", default="ar_lopti",
-                    choices=["grpo", "ar", "lopti", "ar_lopti", "entropy_top", "cispo"],
+                    choices=["grpo", "ar", "lopti", "ar_lopti", "entropy_top", "cispo"],   # trl_grpo.TRL_METHODS
                     help="entropy_top and cispo: TRL's top_entropy_quantile / loss_type='cispo' "
                          "(docs/TOKEN_FIXES.md)")
     ap.add_argument("--alpha", type=float, help="AR strength (default: the paper's for the method)")

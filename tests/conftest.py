@@ -41,7 +41,7 @@ def tiny_warm(tmp_path_factory, kk_tokenizer):
     0.75 and the search decisions and truth values often below 0.25 -- what the per-bin
     gradient tests need.  Deterministic for its seed; eval mode, float32."""
     from lopti_minimal.models import load_model_and_tokenizer
-    from lopti_minimal.warmstart import WarmStartConfig, warm_start
+    from lopti_minimal.experiments.warmstart import WarmStartConfig, warm_start
 
     out = str(tmp_path_factory.mktemp("tiny_warm") / "ckpt")
     cfg = WarmStartConfig(preset="nano", out=out, steps=TINY_WARM_STEPS, lr=1e-2, warmup_steps=20,

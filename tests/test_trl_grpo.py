@@ -259,15 +259,15 @@ def test_mapping_table():
 MAX_DIFFS = {}
 
 
-@pytest.mark.parametrize("method", ["grpo", "ar", "lopti", "ar_lopti"])
+@pytest.mark.parametrize("method", T.PAPER_METHODS)
 def test_sgd_update_equals_ours(setting, method, tmp_path):
     """Parameters after the update (one SGD step, two for Lopti) equal ours."""
     p0, p_trl, g_trl = run_trl(setting, method, tmp=str(tmp_path))
     q0, p_ours, g_ours, (n_low, n_high) = run_ours(setting, method)
     assert torch.equal(p0, q0)
-    if method in ("lopti", "ar_lopti"):
+    if T.uses_lopti(method):
         assert n_low > 0 and n_high > 0, "both Lopti stages must have tokens in this batch"
-    assert len(g_trl) == len(g_ours) == (2 if "lopti" in method else 1)
+    assert len(g_trl) == len(g_ours) == (2 if T.uses_lopti(method) else 1)
     d_trl, d_ours = p_trl - p0, p_ours - p0
     scale = float(d_ours.abs().max())
     assert scale > 1e-6, "the update must move the weights"
@@ -313,7 +313,7 @@ def test_methods_differ(setting):
     ar = run_ours(setting, "ar")
     assert float(((ar[1] - ar[0]) - u0).abs().max()) > 0.05 * float(u0.abs().max())
     full = base[2][0]
-    for m in ("lopti", "ar_lopti"):
+    for m in filter(T.uses_lopti, T.METHODS):
         stage1, stage2 = run_ours(setting, m)[2]
         for g in (stage1, stage2):
             assert float((g - full).abs().max()) > 0.05 * float(full.abs().max())
