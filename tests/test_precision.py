@@ -51,7 +51,7 @@ def test_every_preset_keeps_an_lr_1e6_update(preset, eager_compile):
 def test_bf16_weights_under_plain_adamw_lose_the_update_and_are_refused():
     with pytest.raises(TrainError, match="round small updates away"):
         make_config("qwen2.5-0.5b", model=TINY, device="cpu", dtype="bfloat16")
-    # Built past the check: the policy of the old GPU presets keeps almost nothing.
+    # Built past the check: bf16 weights under plain AdamW keep almost nothing.
     cfg = dataclasses.replace(make_config("qwen2.5-0.5b", model=TINY, device="cpu", lr=1e-6), dtype="bfloat16")
     assert kept_share(cfg) < 0.1
 

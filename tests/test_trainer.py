@@ -184,7 +184,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
 
 
 def test_keep_checkpoints_zero_keeps_every_checkpoint(nano_dir, tmp_path):
-    # 0 = keep all (to evaluate the policy along a run); it once deleted them all instead.
+    # 0 = keep all (to evaluate the policy along a run), not "keep none".
     cfg = small_cfg(nano_dir, tmp_path, steps=3, save_every=1, keep_checkpoints=0, method="grpo")
     trainer.train(cfg, log=lambda s: None)
     assert [s for s, _ in runs.checkpoints(tmp_path / "run")] == [1, 2, 3]
