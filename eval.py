@@ -32,12 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from lopti_minimal.cli import HelpFormatter
-
-
-def one_line_error(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+from lopti_minimal.cli import HelpFormatter, one_line_error
 
 
 def parse_args(argv=None):
@@ -68,17 +63,9 @@ def parse_args(argv=None):
 
 def load_data(a) -> tuple[list[dict], str]:
     from lopti_minimal.task import kk
-    from lopti_minimal.task.evaluate import check_records
+    from lopti_minimal.task.evaluate import read_records
     if a.data:
-        records = []
-        for f in a.data:
-            try:
-                recs = kk.load_jsonl(f)
-                check_records(recs, f)
-            except (OSError, ValueError, UnicodeDecodeError) as e:
-                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise ValueError(f"cannot read K&K data {f}: {msg}") from e
-            records += recs
+        records = [r for f in a.data for r in read_records(f)]
         return records, "+".join(Path(f).stem for f in a.data)
     bad = [n for n in a.sizes if n not in range(3, 8)]
     if bad:
@@ -91,7 +78,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
     from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
-    from lopti_minimal.runs import resolve_model_source
+    from lopti_minimal.runs import RUNS_ROOT, resolve_model_source
     from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_eval_json
     try:
         if a.samples < 1:
@@ -126,7 +113,7 @@ def main(argv=None) -> int:
         out = Path(a.model) / f"eval-{tag}{'' if a.samples == 1 else f'-k{a.samples}'}.json"
     else:
         name = Path(source.rstrip("/")).name.replace(".gguf", "")
-        out = Path(__file__).resolve().parent / "runs" / "eval" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        out = RUNS_ROOT / "eval" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     write_eval_json(report, out)
     print(format_table(report))
     print(f"[eval] {report['seconds']} s; report: {out}")

@@ -11,7 +11,7 @@ Design choices (Yang et al. 2025, arXiv 2505.12929; in full: docs/ARCHITECTURE.m
 1. Prompts: generated RL puzzles, the official test puzzles excluded, cached under cache/
    so every run and seed sees the same set (--data FILE: your own K&K JSONL).
 2. Policy: the shipped warm start checkpoints/tiny-warm, which guesses or derives: RL needs
-   a policy that is sometimes right and a behaviour to select (docs/RL_FROM_DERIVE.md).
+   a policy that is sometimes right and a behaviour to select (task/behaviours.py).
    --rebuild-warmstart re-creates it; --model takes any causal LM.
 3. The reference policy for the KL term is a frozen copy of the initial policy.
 4. Each step: G responses per prompt, the Logic-RL reward, group advantages, AR (paper
@@ -32,7 +32,7 @@ import argparse
 import os
 import sys
 
-from lopti_minimal.cli import HelpFormatter
+from lopti_minimal.cli import HelpFormatter, one_line_error
 
 
 def parse_args(argv=None):
@@ -46,7 +46,8 @@ def parse_args(argv=None):
     ap.add_argument("--rebuild-warmstart", action="store_true",
                     help="re-create checkpoints/tiny-warm by supervised warm start first (run "
                          "again after an interruption: it goes on where it stopped)")
-    # = warmstart.STAGE1_STEPS (a test checks it); a literal keeps --help free of the torch import
+    # = experiments.warmstart.STAGE1_STEPS (a test checks it); a literal keeps --help free of
+    # the torch import
     ap.add_argument("--warmstart-minutes", type=float, default=None,
                     help="bound stage 1 of --rebuild-warmstart by minutes instead of its 14,082 steps "
                          "(about 2.7 hours on a 2-core AMD EPYC; fewer minutes: a weaker warm start)")
@@ -55,16 +56,10 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def one_line_error(message: str):
-    """argparse's errors as one line and exit code 2 (its default prints the usage too)."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def build_config(a):
     """The TrainConfig of the command line: a preset, then the options given."""
     from lopti_minimal.config import make_config, overrides
-    from lopti_minimal.trainer import resume_config
+    from lopti_minimal.plumbing import resume_config
     if a.resume:
         return resume_config(a.resume, steps=a.steps, progress=a.progress is not False)
     return make_config(a.preset, **overrides(a))
@@ -72,15 +67,19 @@ def build_config(a):
 
 def ensure_model(cfg, a) -> None:
     """The default policy is the shipped warm start; rebuild it on request, else say how."""
-    from lopti_minimal.trainer import ROOT, TrainError
+    from lopti_minimal.config import TrainError
+    from lopti_minimal.paths import work_root
+    ROOT = work_root()
     default = "checkpoints/tiny-warm"
     path = cfg.model if os.path.isabs(cfg.model) else str(ROOT / cfg.model)
     if a.rebuild_warmstart:
         if cfg.model != default and os.path.abspath(cfg.model) != str(ROOT / default):
             raise TrainError("--rebuild-warmstart rebuilds checkpoints/tiny-warm; do not combine it with --model")
-        from lopti_minimal import warmstart        # the recipe: two stages (warmstart.recipe)
+        # the recipe: two stages (experiments/warmstart.py, recipe); asked for by name here
+        from lopti_minimal.experiments import warmstart
         budget = ["--minutes", f"{a.warmstart_minutes:g}"] if a.warmstart_minutes else []
-        warmstart.main(["--recipe", "--out", path, "--threads", str(a.threads or os.cpu_count())] + budget
+        warmstart.main(["--recipe", "--out", path, "--overwrite-shipped",
+                        "--threads", str(a.threads or os.cpu_count())] + budget
                        + (["--no-progress"] if a.progress is False else []))
     elif cfg.model == default and not os.path.isfile(os.path.join(path, "config.json")):
         raise TrainError(f"{default} not found: run with --rebuild-warmstart (two warm-start runs: "
@@ -90,7 +89,8 @@ def ensure_model(cfg, a) -> None:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    from lopti_minimal.trainer import TrainError, train
+    from lopti_minimal.config import TrainError
+    from lopti_minimal.trainer import train
     try:
         cfg = build_config(a)
         if not a.resume:

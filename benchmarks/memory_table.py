@@ -1,4 +1,4 @@
-"""Print the GPU memory table of docs/GPU.md: trainer.memory_estimate_gb for each Qwen2.5 preset
+"""Print the GPU memory table of docs/GPU.md: plumbing.memory_estimate_gb for each Qwen2.5 preset
 under its precision policy (precision.py), against the GPU it is sized for.
 
 An estimate from model size (no GPU needed): the trained weights and their gradients
@@ -14,7 +14,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lopti_minimal.trainer import GPU_MEMORY_GB, make_config, memory_estimate_gb  # noqa: E402
+from lopti_minimal.config import GPU_MEMORY_GB, make_config  # noqa: E402
+from lopti_minimal.plumbing import memory_estimate_gb  # noqa: E402
 
 QWEN = {  # preset: (parameters, layers, kv heads, head dim)
     "qwen2.5-0.5b": (494e6, 24, 2, 64),

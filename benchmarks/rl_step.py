@@ -61,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -88,7 +89,7 @@ def machine_info(threads: int) -> dict:
 
 
 def make_cfg(args, **extra):
-    from lopti_minimal.trainer import make_config
+    from lopti_minimal.config import make_config
     return make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
                        group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                        micro_batch_size=args.micro_batch_size, threads=args.threads,
@@ -99,19 +100,19 @@ class Setup:
     """Model, frozen reference, tokenizer and encoded RL prompts, as `trainer.train` makes them."""
 
     def __init__(self, cfg):
-        from lopti_minimal import models, trainer as T
+        from lopti_minimal import models, plumbing, precision
         self.cfg = cfg
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
-        records, _ = T.rl_prompt_set(cfg, progress=False)
-        self.model, self.tok = T.load_policy(cfg)
-        self.ref = T.frozen_copy(self.model) if cfg.kl_coef else None
+        records, _ = plumbing.rl_prompt_set(cfg, progress=False)
+        self.model, self.tok = plumbing.load_policy(cfg)
+        self.ref = precision.reference_copy(self.model) if cfg.kl_coef else None
         self.records, self.prompt_ids = models.encode_prompts(records, self.tok, cfg.prompt_style,
                                                          cfg.max_prompt_len)
         self.device = next(self.model.parameters()).device
         self.initial = copy.deepcopy(self.model.state_dict())
 
     def step_prompts(self, step: int):
-        from lopti_minimal.trainer import step_prompt_indices
+        from lopti_minimal.plumbing import step_prompt_indices
         idx = step_prompt_indices(self.cfg.seed, step, self.cfg.prompts_per_step, len(self.records))
         return [self.records[i] for i in idx], [self.prompt_ids[i] for i in idx]
 
@@ -136,7 +137,8 @@ def timed(fn, sync=lambda: None):
 
 def part_sampler(S: Setup, args) -> dict:
     from transformers import GenerationConfig
-    from lopti_minimal import trainer as T
+    from lopti_minimal import plumbing, trainer as T
+    from lopti_minimal.precision import autocast
     from lopti_minimal.sampling import left_pad, sample_groups
     cfg, model, tok = S.cfg, S.model, S.tok
     G, R = cfg.group_size, cfg.max_new_tokens
@@ -149,15 +151,15 @@ def part_sampler(S: Setup, args) -> dict:
     model.eval()
 
     def ours(fixed: bool, seed: int, filled_prefix: bool = True):
-        gen = T.step_generator(cfg.seed, seed, S.device)
+        gen = plumbing.step_generator(cfg.seed, seed, S.device)
         if not fixed:        # exactly what rl_step calls
             ro = T.rollout(model, tok, prompts, cfg, gen)
         else:                # the same call with EOS disabled
-            with T.autocast(cfg, S.device):
+            with autocast(cfg, S.device):
                 ro = sample_groups(model, prompts, G, R, temperature=cfg.temperature,
                                    top_p=cfg.top_p, top_k=cfg.top_k, eos_token_id=[],
                                    pad_token_id=tok.pad_token_id, generator=gen,
-                                   filled_prefix=filled_prefix)
+                                   logprobs=not cfg.recompute_old_logprobs, filled_prefix=filled_prefix)
         return int(ro.response_mask.sum())
 
     def ours_whole(fixed: bool, seed: int):
@@ -169,7 +171,7 @@ def part_sampler(S: Setup, args) -> dict:
         gc = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0,
                               max_new_tokens=R, min_new_tokens=R if fixed else None,
                               pad_token_id=tok.pad_token_id, eos_token_id=eos)
-        with torch.no_grad(), T.autocast(cfg, S.device):
+        with torch.no_grad(), autocast(cfg, S.device):
             out = model.generate(input_ids=ids, attention_mask=am, generation_config=gc)
         resp = out[:, ids.shape[1]:]
         if fixed:
@@ -218,65 +220,65 @@ def part_sampler(S: Setup, args) -> dict:
 
 def rollout_batch(S: Setup, step: int = 0):
     """One step's rollout turned into the update batch exactly as rl_step does (rewards,
-    group advantages, rows sorted by length, recomputed old log-probs, reference log-probs,
-    AR)."""
-    from lopti_minimal import trainer as T
-    from lopti_minimal.grpo import (batch_from_rollout, batch_logprobs, group_advantages,
-                                    sort_by_length, token_advantages)
+    group advantages, rows sorted by length, recomputed old log-probs, reference log-probs),
+    and its AR advantages (alpha of AR+Lopti)."""
+    from lopti_minimal import plumbing, trainer as T
+    from lopti_minimal.config import paper_settings
+    from lopti_minimal.grpo import batch_logprobs, group_advantages, sort_by_length, token_advantages
+    from lopti_minimal.precision import autocast
     from lopti_minimal.reweight import reweight_advantages
     from lopti_minimal.sampling import decode_responses
     cfg = S.cfg
-    gcfg = cfg.grpo_config()
     records, prompts = S.step_prompts(step)
-    ro = T.rollout(S.model, S.tok, prompts, cfg, T.step_generator(cfg.seed, step, S.device))
+    ro = T.rollout(S.model, S.tok, prompts, cfg, plumbing.step_generator(cfg.seed, step, S.device))
     texts = decode_responses(S.tok, ro)
     recs = [r for r in records for _ in range(cfg.group_size)]
     rewards = torch.tensor([T.default_reward(t, r) for t, r in zip(texts, recs)])
-    adv = group_advantages(rewards, cfg.group_size, gcfg.adv_eps).to(S.device)
-    with T.autocast(cfg, S.device):
-        batch = batch_from_rollout(ro, token_advantages(adv, ro.response_mask))
-        batch, _ = sort_by_length(batch, gcfg)
-        batch["old_logprobs"] = batch_logprobs(S.model, batch, gcfg)
-        ref_logp = batch_logprobs(S.ref, batch, gcfg) if S.ref is not None else None
-        ar_adv = reweight_advantages(batch["advantages"], batch["old_logprobs"], cfg.alpha)
-    return batch, ref_logp, ar_adv
+    adv = group_advantages(rewards, cfg.group_size, cfg.adv_eps).to(S.device)
+    batch = sort_by_length(replace(ro, advantages=token_advantages(adv, ro.response_mask)), cfg)
+    with autocast(cfg, S.device):
+        batch = replace(batch, old_logprobs=batch_logprobs(S.model, batch, cfg))
+        if S.ref is not None:
+            batch = replace(batch, ref_logprobs=batch_logprobs(S.ref, batch, cfg))
+        ar_adv = reweight_advantages(batch.advantages, batch.old_logprobs, paper_settings("ar_lopti")["alpha"])
+    return batch, ar_adv
 
 
-def bare_forward_backward(model, batch, gcfg, optimizer=None):
+def bare_forward_backward(model, batch, cfg, optimizer=None):
     """The floor for the update: the same micro-batches through the same forward
     (`token_logprobs`: logits of the response positions only), a plain token-mean
     log-likelihood, backward. With `optimizer`: plus clip_grad_norm_ and its step."""
     from lopti_minimal.grpo import token_logprobs
     model.train()
-    B = batch["input_ids"].shape[0]
-    mask = batch["response_mask"]
+    B = batch.input_ids.shape[0]
+    mask = batch.response_mask
     n_tok = float(mask.sum())
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
-    for s in range(0, B, gcfg.micro_batch_size):
-        mb = slice(s, s + gcfg.micro_batch_size)
-        logp = token_logprobs(model, batch["input_ids"][mb], batch["attention_mask"][mb],
-                              batch["prompt_len"], gcfg.temperature)
+    for s in range(0, B, cfg.micro_batch_size):
+        mb = slice(s, s + cfg.micro_batch_size)
+        logp = token_logprobs(model, batch.input_ids[mb], batch.attention_mask[mb],
+                              batch.prompt_len, cfg.temperature)
         (-(logp * mask[mb]).sum() / n_tok).backward()
     if optimizer is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), gcfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
     model.zero_grad(set_to_none=True)
 
 
 def part_update(S: Setup, args) -> dict:
-    from lopti_minimal import trainer as T
+    from lopti_minimal.config import paper_settings
     from lopti_minimal.grpo import batch_logprobs, grpo_update
     from lopti_minimal.lopti import lopti_update
+    from lopti_minimal.precision import autocast, build_optimizer
     cfg = S.cfg
-    gcfg = cfg.grpo_config()
     S.reset_weights()
-    batch, ref_logp, ar_adv = rollout_batch(S)
-    n_resp = int(batch["response_mask"].sum())
-    n_all = int(batch["attention_mask"].sum())
-    B, L = batch["input_ids"].shape
-    opt = T.make_optimizer(S.model, cfg)
-    bare_fwd_bwd(S, batch, gcfg, opt)                 # AdamW state exists before any timing
+    batch, ar_adv = rollout_batch(S)
+    n_resp = int(batch.response_mask.sum())
+    n_all = int(batch.attention_mask.sum())
+    B, L = batch.input_ids.shape
+    opt = build_optimizer(S.model, cfg)
+    bare_fwd_bwd(S, batch, cfg, opt)                  # AdamW state exists before any timing
     opt_state = copy.deepcopy(opt.state_dict())
 
     def restore():
@@ -284,31 +286,31 @@ def part_update(S: Setup, args) -> dict:
         opt.load_state_dict(copy.deepcopy(opt_state))
 
     cases = {
-        "logprobs (no grad)": lambda: batch_logprobs(S.model, batch, gcfg),
-        "bare fwd+bwd": lambda: bare_forward_backward(S.model, batch, gcfg),
-        "bare fwd+bwd+AdamW": lambda: bare_forward_backward(S.model, batch, gcfg, opt),
-        "grpo_update": lambda: grpo_update(S.model, ref_logp, opt, batch, gcfg),
-        "lopti_update (AR)": lambda: lopti_update(S.model, ref_logp, opt, dict(batch, advantages=ar_adv),
-                                                  gcfg, eta=cfg.eta),
+        "logprobs (no grad)": lambda: batch_logprobs(S.model, batch, cfg),
+        "bare fwd+bwd": lambda: bare_forward_backward(S.model, batch, cfg),
+        "bare fwd+bwd+AdamW": lambda: bare_forward_backward(S.model, batch, cfg, opt),
+        "grpo_update": lambda: grpo_update(S.model, opt, batch, cfg),
+        "lopti_update (AR)": lambda: lopti_update(S.model, opt, replace(batch, advantages=ar_adv), cfg,
+                                                  eta=paper_settings("ar_lopti")["eta"]),
     }
     times = {k: [] for k in cases}
     for r in range(args.repeats + 1):                  # round 0 is the warm-up
         for name, fn in cases.items():
             restore()
-            with T.autocast(cfg, S.device):
+            with autocast(cfg, S.device):
                 dt, _ = timed(fn, S.sync)
             if r:
                 times[name].append(dt)
     med = {k: statistics.median(v) for k, v in times.items()}
-    res = {"rows": B, "seq_len": L, "prompt_len": batch["prompt_len"], "response_tokens": n_resp,
-           "all_tokens": n_all, "micro_batch": gcfg.micro_batch_size,
+    res = {"rows": B, "seq_len": L, "prompt_len": batch.prompt_len, "response_tokens": n_resp,
+           "all_tokens": n_all, "micro_batch": cfg.micro_batch_size,
            **{f"{k}_s": v for k, v in med.items()},
            "update_over_bare": med["grpo_update"] / med["bare fwd+bwd"],
            "update_over_bare_opt": med["grpo_update"] / med["bare fwd+bwd+AdamW"],
            "lopti_over_grpo_update": med["lopti_update (AR)"] / med["grpo_update"],
            "update_resp_tok_s": n_resp / med["grpo_update"]}
     print(f"\n[update] {B} rows x {L} positions (prompt {batch['prompt_len']}), {n_resp} response "
-          f"tokens, micro-batch {gcfg.micro_batch_size}, autocast bf16 {cfg.autocast_bf16 and S.device.type == 'cpu'}, "
+          f"tokens, micro-batch {cfg.micro_batch_size}, autocast bf16 {cfg.autocast_bf16 and S.device.type == 'cpu'}, "
           f"median of {args.repeats}")
     print(f"{'':22}{'seconds':>9}{'resp tok/s':>12}")
     for k, v in med.items():
@@ -320,10 +322,10 @@ def part_update(S: Setup, args) -> dict:
     return res
 
 
-def bare_fwd_bwd(S, batch, gcfg, opt):
-    from lopti_minimal import trainer as T
-    with T.autocast(S.cfg, S.device):
-        bare_forward_backward(S.model, batch, gcfg, opt)
+def bare_fwd_bwd(S, batch, cfg, opt):
+    from lopti_minimal.precision import autocast
+    with autocast(S.cfg, S.device):
+        bare_forward_backward(S.model, batch, cfg, opt)
 
 
 # ------------------------------------------------------------------------------- step
@@ -331,10 +333,10 @@ def bare_fwd_bwd(S, batch, gcfg, opt):
 
 class PhaseTimers:
     """Timers wrapped around the functions trainer.rl_step calls, installed for the
-    duration of a `with` block. rl_step imports grpo.batch_logprobs inside its body and
-    calls trainer.rollout by its module-global name, so patching the module attributes
-    reaches exactly those calls (lopti.py's own binding, used only when a Lopti stage
-    recomputes pi_old, is untouched)."""
+    duration of a `with` block. rl_step calls trainer.rollout and trainer.batch_logprobs
+    (grpo's, imported into trainer) by their module-global names, so patching those
+    attributes of trainer reaches exactly those calls (the mechanism's and lopti.py's own
+    bindings are untouched)."""
 
     def __init__(self, ref):
         self.ref = ref
@@ -352,8 +354,8 @@ class PhaseTimers:
 
     @contextlib.contextmanager
     def installed(self):
-        from lopti_minimal import grpo, trainer
-        orig_blp, orig_rollout = grpo.batch_logprobs, trainer.rollout
+        from lopti_minimal import trainer
+        orig_blp, orig_rollout = trainer.batch_logprobs, trainer.rollout
 
         def blp(model, batch, config):
             t = time.perf_counter()
@@ -367,20 +369,21 @@ class PhaseTimers:
             self.add("sampling", time.perf_counter() - t)
             return out
 
-        grpo.batch_logprobs, trainer.rollout = blp, ro
+        trainer.batch_logprobs, trainer.rollout = blp, ro
         try:
             yield self
         finally:
-            grpo.batch_logprobs, trainer.rollout = orig_blp, orig_rollout
+            trainer.batch_logprobs, trainer.rollout = orig_blp, orig_rollout
 
 
 def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> list[dict]:
     """`steps` RL steps of one method, each from the same initial weights and the same
     post-warm-up optimizer state, with the phase split."""
     from lopti_minimal import trainer as T
-    cfg = dataclass_replace(S.cfg, method=method)
+    from lopti_minimal.precision import build_optimizer
+    cfg = replace(S.cfg, method=method)
     S.reset_weights()
-    opt = T.make_optimizer(S.model, cfg)
+    opt = build_optimizer(S.model, cfg)
     rec, pr = S.step_prompts(warmup_step)
     T.rl_step(S.model, S.ref, opt, S.tok, rec, pr, cfg, warmup_step)      # warm-up, unmeasured
     opt_state = copy.deepcopy(opt.state_dict())
@@ -394,7 +397,7 @@ def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> l
             m = T.rl_step(S.model, S.ref, opt, S.tok, rec, pr, cfg, step, reward_fn=timers.reward)
         ph = {k: timers.t.get(k, 0.0) for k in ("sampling", "reward", "old_logp", "ref_logp")}
         if cfg.recompute_old_logprobs and ph["old_logp"] == 0.0:
-            raise RuntimeError("rl_step no longer calls grpo.batch_logprobs for pi_old: update PhaseTimers")
+            raise RuntimeError("rl_step no longer calls trainer.batch_logprobs for pi_old: update PhaseTimers")
         ph["update"] = m["update_s"]
         ph["step"] = m["step_s"]
         ph["other"] = ph["step"] - sum(ph[k] for k in ("sampling", "reward", "old_logp", "ref_logp", "update"))
@@ -402,11 +405,6 @@ def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> l
         out.append(ph)
     S.reset_weights()
     return out
-
-
-def dataclass_replace(cfg, **kw):
-    import dataclasses
-    return dataclasses.replace(cfg, **kw)
 
 
 def part_step(S: Setup, args) -> dict:
@@ -460,10 +458,11 @@ def _peak_rss() -> int:
 def memory_child(args) -> dict:
     """In a fresh process: one small warm-up RL step, then one full step; peak - baseline."""
     from lopti_minimal import trainer as T
+    from lopti_minimal.precision import build_optimizer
     cfg = make_cfg(args, gradient_checkpointing=args.child == "on")
     S = Setup(cfg)
-    opt = T.make_optimizer(S.model, cfg)
-    small = dataclass_replace(cfg, prompts_per_step=1, group_size=2, max_new_tokens=8)
+    opt = build_optimizer(S.model, cfg)
+    small = replace(cfg, prompts_per_step=1, group_size=2, max_new_tokens=8)
     rec, pr = S.step_prompts(10_000)
     T.rl_step(S.model, S.ref, opt, S.tok, rec[:1], pr[:1], small, 10_000)
     S.reset_weights()
@@ -514,9 +513,10 @@ def part_memory(args) -> dict:
 def part_profile(S: Setup, args) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
     from lopti_minimal import trainer as T
-    cfg = dataclass_replace(S.cfg, method=args.methods[-1])
+    from lopti_minimal.precision import build_optimizer
+    cfg = replace(S.cfg, method=args.methods[-1])
     S.reset_weights()
-    opt = T.make_optimizer(S.model, cfg)
+    opt = build_optimizer(S.model, cfg)
     rec, pr = S.step_prompts(10_000)
     T.rl_step(S.model, S.ref, opt, S.tok, rec, pr, cfg, 10_000)
     S.reset_weights()

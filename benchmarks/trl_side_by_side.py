@@ -102,9 +102,10 @@ def parse_args(argv=None):
 
 
 def load_setting(args):
-    from lopti_minimal import models, trainer as T
+    from lopti_minimal import models, plumbing
+    from lopti_minimal.config import make_config
     from lopti_minimal.models import kk_prompt
-    cfg = T.make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
+    cfg = make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
                         group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                         micro_batch_size=args.micro_batch_size, threads=args.threads,
                         seed=args.seed, method=args.method, progress=False, plots=False,
@@ -115,13 +116,13 @@ def load_setting(args):
     if n_rows % mb:
         raise SystemExit(f"P x G = {n_rows} must be a multiple of the micro-batch {mb} "
                          "(TRL accumulates whole per-device batches)")
-    records, _ = T.rl_prompt_set(cfg, progress=False)
-    _, tok = T.load_policy(cfg)
+    records, _ = plumbing.rl_prompt_set(cfg, progress=False)
+    _, tok = plumbing.load_policy(cfg)
     records, prompt_ids = models.encode_prompts(records, tok, cfg.prompt_style, cfg.max_prompt_len)
     total = args.warmup + args.steps
     steps = []
     for s in range(total):
-        idx = T.step_prompt_indices(cfg.seed, s, cfg.prompts_per_step, len(records))
+        idx = plumbing.step_prompt_indices(cfg.seed, s, cfg.prompts_per_step, len(records))
         steps.append(([records[i] for i in idx], [prompt_ids[i] for i in idx]))
     texts = [[kk_prompt(r, tok, cfg.prompt_style) for r in recs] for recs, _ in steps]
     return cfg, tok, steps, texts, mb
@@ -165,7 +166,7 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
     out_dir = tempfile.mkdtemp(prefix="trl-bench-")
     # One RL step = `passes` TRL optimizer steps: 2 for Lopti (one per stage, TRL's
     # num_iterations=2 over the same generation), else 1.
-    passes = 2 if cfg.method in ("lopti", "ar_lopti") else 1
+    passes = 2 if cfg.uses_lopti else 1
     if cfg.method != "grpo":
         # AR / Lopti: our subclass, configured by its own mapping (lopti_minimal/trl_grpo.py).
         from lopti_minimal.trl_grpo import LoptiGRPOTrainer, make_trl_config
@@ -250,10 +251,11 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
 
 
 def run_ours(cfg, steps, args) -> dict:
-    from lopti_minimal import trainer as T
-    model, tok = T.load_policy(cfg)
-    ref = T.frozen_copy(model) if cfg.kl_coef else None
-    opt = T.make_optimizer(model, cfg)
+    from lopti_minimal import plumbing, trainer as T
+    from lopti_minimal.precision import build_optimizer, reference_copy
+    model, tok = plumbing.load_policy(cfg)
+    ref = reference_copy(model) if cfg.kl_coef else None
+    opt = build_optimizer(model, cfg)
     per = []
     for s, (recs, ids) in enumerate(steps):
         t = time.perf_counter()

@@ -5,7 +5,7 @@
 
 The warm start is bounded by wall-clock time (95 minutes in the first run of the recipe), so
 every second saved per step is more steps in the same budget.  For each puzzle size this
-draws ``--batches`` batches of generated puzzles exactly as `warmstart.warm_start` does
+draws ``--batches`` batches of generated puzzles exactly as `experiments.warmstart` does
 (the batch size from the mean length of 32 puzzles and ``tokens_per_batch``, the compact
 prompt and target, rows right-padded to a multiple of 64) and times one training step
 (bf16-autocast forward, response-only loss, backward, AdamW) three ways, on the same
@@ -16,7 +16,7 @@ random+mask     batches in drawing order, the padding mask passed to the model (
 random          the same batches, no attention mask (the loss is unchanged: right padding
                 and causal attention, see warmstart.response_loss);
 bucketed        the puzzles sorted by length and cut into batches of neighbours
-                (warmstart.bucketed_batches), no attention mask (the warm start now).
+                (warmstart_data.bucketed_batches), no attention mask (the warm start now).
 
 It prints mean seconds per step (the first step of each way is a warm-up and is not
 counted; the CPU's kernels are built per shape), the share of padding positions, and the
@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lopti_minimal import warmstart as W  # noqa: E402
+from lopti_minimal.experiments import warmstart as W  # noqa: E402
+from lopti_minimal.experiments import warmstart_data as D  # noqa: E402
 from lopti_minimal.models import make_tiny_model  # noqa: E402
 from lopti_minimal.tokenizer import build_kk_tokenizer  # noqa: E402
 
@@ -55,7 +56,7 @@ def time_step(model, opt, ids, attn, mask) -> float:
 def measure(model, opt, tok, batches, use_mask: bool) -> dict:
     seconds, padding = [], []
     for batch in batches:
-        ids, attn, mask = W.collate(batch, tok.pad_token_id)
+        ids, attn, mask = D.collate(batch, tok.pad_token_id)
         padding.append(1 - attn.float().mean().item())
         seconds.append(time_step(model, opt, ids, attn if use_mask else None, mask))
     timed = seconds[1:] or seconds        # the first step of each way warms up the kernels
@@ -78,20 +79,20 @@ def main(argv=None) -> int:
     tok = build_kk_tokenizer(vocab_size=W.WarmStartConfig.vocab_size)
     model = make_tiny_model(a.preset, len(tok), tokenizer=tok, seed=0).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    stream = W.PuzzleStream(seed=0, exclude=set())
+    stream = D.PuzzleStream(seed=0, exclude=set())
 
     def encode(r):
-        return W.encode_example(tok, W.default_prompt(r), W.default_response(r))
+        return D.encode_example(tok, D.default_prompt(r), D.default_response(r))
 
     rows = []
     print(f"preset {a.preset}, {a.threads} threads, {a.batches} batches per size and way")
     print(f"{'size':>4} {'batch':>5} {'way':<12} {'s/step':>7} {'padding':>8} {'speedup':>8}")
     for n in a.sizes:
-        B = W.batch_size_for(stream, n, tok, W.default_response, W.WarmStartConfig.tokens_per_batch)
+        B = D.batch_size_for(stream, n, tok, D.default_response, W.WarmStartConfig.tokens_per_batch)
         pool = [encode(stream.next(n)) for _ in range(B * a.batches)]
         drawn = [pool[i:i + B] for i in range(0, len(pool), B)]
         ways = {"random+mask": (drawn, True), "random": (drawn, False),
-                "bucketed": (W.bucketed_batches(pool, B, random.Random(0)), False)}
+                "bucketed": (D.bucketed_batches(pool, B, random.Random(0)), False)}
         base = None
         for name, (batches, use_mask) in ways.items():
             m = measure(model, opt, tok, batches, use_mask)

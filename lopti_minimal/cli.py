@@ -5,8 +5,9 @@ Design choices:
 1. One declaration per option: `option(default, "help")` is a dataclass field whose
    metadata carries the help (the `field(metadata={"help": ...})` idiom of TRL's configs);
    `add_options` turns a dataclass's fields into argparse options and `given` reads back
-   the ones the user gave. `config.TrainConfig` (train.py) and `warmstart.WarmStartConfig`
-   (python -m lopti_minimal.warmstart) are declared this way.
+   the ones the user gave. `config.TrainConfig` (train.py) and
+   `experiments.warmstart.WarmStartConfig` (python -m lopti_minimal.experiments.warmstart)
+   are declared this way.
 2. Every generated option defaults to None, meaning "not given": a preset's value (or the
    dataclass default) stands unless the user says otherwise. transformers'
    HfArgumentParser fills every option with the dataclass default instead, which would
@@ -18,6 +19,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+
+
+def one_line_error(message: str):
+    """argparse's errors as one line and exit code 2 (its default prints the usage too):
+    ``parser.error = one_line_error``."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

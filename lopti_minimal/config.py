@@ -2,23 +2,26 @@
 
 Design choices:
 
-1. One declaration per option. A `TrainConfig` field carries its default *and* its
-   command-line help (``option(default, "help")``, cli.py: the `field(metadata={"help":
+1. One config, one declaration per option. A `TrainConfig` field carries its default *and*
+   its command-line help (``option(default, "help")``, cli.py: the `field(metadata={"help":
    ...})` idiom of TRL's configs); `add_options` turns the fields into `train.py`'s options
-   and `overrides` reads them back. Validation (`validate`) is the only other place an
-   option appears, because a range ("alpha in [0, 1]") is a rule, not a declaration.
-2. Presets are overrides of the defaults, and the defaults *are* the ``cpu-tiny`` preset
+   and `overrides` reads them back. The method's functions (grpo.py, lopti.py,
+   precision.build_optimizer) read the same object. Validation (`validate`) is the only
+   other place an option appears, because a range ("alpha in [0, 1]") is a rule, not a
+   declaration.
+2. The paper's settings are one marked section of it, "The method", each field with the
+   paper's equation or the reference's name and value (the reference: the authors' verl
+   fork, its K&K launch scripts scripts/train_kklogic_*_4x80GB.sh, Qwen2.5-3B and 7B on 4 x
+   80 GB). The per-method values live in one table, `PAPER_SETTINGS`: AR alone alpha 0.2,
+   Lopti alone eta 0.4, AR+Lopti alpha 0.3 and eta 0.5; a method that does not use a knob
+   holds None for it (`uses_ar`, `uses_lopti`: the one place that says which method uses
+   which).
+3. Presets are overrides of the defaults, and the defaults *are* the ``cpu-tiny`` preset
    (the embedded run: the shipped tiny warm start on a 2-core CPU). So a command-line
    option defaults to None ("not given") and the preset's value stands unless the user
-   says otherwise.
-3. The paper's per-method settings live in one table, `PAPER_SETTINGS` (Yang et al. 2025,
-   K&K experiments, and the reference's launch scripts): AR alone alpha 0.2, Lopti alone
-   eta 0.4, AR+Lopti alpha 0.3 and eta 0.5. `--method lopti` means eta 0.4, as in the paper;
-   the study reads the same table.
-4. "Reference" in the comments below means the paper's K&K runs (the reference's K&K
-   launch scripts, scripts/train_kklogic_*_4x80GB.sh in the authors' verl fork: Qwen2.5-3B
-   and 7B on 4 x 80 GB). Every deviation of cpu-tiny from it is said, with the reason; the
-   GPU presets keep the reference values.
+   says otherwise. Every deviation of cpu-tiny from the reference is said, with the
+   reason; the GPU presets keep the reference values.
+4. A saved config (run.json) is read back by `config_from_json`, old ones too (its rule).
 5. This module imports no torch (only dataclasses and argparse), so `train.py --help` and
    argument errors are instant.
 """
@@ -34,14 +37,34 @@ from .cli import option
 # Beyond the paper: later methods acting on the same tokens differently, each a per-token
 # policy term on GRPO's advantages (token_fixes.py; their knobs are TrainConfig fields).
 TOKEN_FIXES = ("entropy_top", "cispo", "clip_cov", "kl_cov")
-METHODS = ("grpo", "ar", "lopti", "ar_lopti") + TOKEN_FIXES
+PAPER_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+METHODS = PAPER_METHODS + TOKEN_FIXES
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOPTI_ORDERS = ("low_first", "high_first")
+# The paper's K&K settings per method (Yang et al. 2025 and the reference's launch scripts).
 PAPER_SETTINGS = {"grpo": {}, "ar": {"alpha": 0.2}, "lopti": {"eta": 0.4},
                   "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
-# A knob a method does not use keeps the AR+Lopti value (eta also sets the threshold of the
-# logged `low_fraction`, which every method reports).
-UNUSED_KNOBS = {"alpha": 0.3, "eta": 0.5}
+# Every method logs `low_fraction`, the share of tokens with pi_old < eta (what Lopti's first
+# stage holds); a method without Lopti measures it at AR+Lopti's eta.
+LOW_FRACTION_ETA = PAPER_SETTINGS["ar_lopti"]["eta"]
+
+
+def uses_ar(method: str) -> bool:
+    """Whether ``method`` reweights its advantages (AR, paper Eq. 4)."""
+    return method in ("ar", "ar_lopti")
+
+
+def uses_lopti(method: str) -> bool:
+    """Whether ``method`` updates in Lopti's two stages (paper Algorithm 1)."""
+    return method in ("lopti", "ar_lopti")
+
+
+def paper_settings(method: str) -> dict:
+    """{"alpha", "eta"} of ``method`` as in the paper's K&K runs (PAPER_SETTINGS); None for
+    a knob the method does not use."""
+    paper = PAPER_SETTINGS.get(method, {})
+    return {"alpha": paper.get("alpha") if uses_ar(method) else None,
+            "eta": paper.get("eta") if uses_lopti(method) else None}
 
 
 def _eval_budget() -> dict:
@@ -50,11 +73,6 @@ def _eval_budget() -> dict:
     torch, and `train.py --help` should not."""
     from .task.evaluate import DEFAULT_MAX_NEW_TOKENS
     return dict(DEFAULT_MAX_NEW_TOKENS)
-
-
-def paper_settings(method: str) -> dict:
-    """{"alpha", "eta"} of ``method`` as in the paper's K&K runs (see PAPER_SETTINGS)."""
-    return {**UNUSED_KNOBS, **PAPER_SETTINGS.get(method, {})}
 
 
 class TrainError(ValueError):
@@ -81,20 +99,68 @@ class TrainConfig:
     prompt_style: str = option("auto", "prompt format: auto (the chat template for instruct models, "
                                "compact otherwise)", choices=("auto", "qwen", "compact"))
 
-    # --- method (paper Eq. 4 and Algorithm 1)
+    # ==================================================================================
+    # The method: GRPO (paper Eq. 1), AR (Eq. 4), Lopti (Algorithm 1). "reference X" = the
+    # reference's launch-script or verl setting of that name; every cpu-tiny deviation says why.
+    # ==================================================================================
     method: str = option("ar_lopti", "grpo | ar | lopti | ar_lopti (the paper's best K&K "
                          "combination) | entropy_top | cispo | clip_cov | kl_cov (later methods, "
                          "token_fixes.py)")
-    alpha: float | None = option(None, "AR strength, paper Eq. 4, in [0, 1] (default: the paper's "
-                                 "for the method, 0.2 for ar, 0.3 for ar_lopti)", type=float)
-    eta: float | None = option(None, "Lopti threshold on pi_old, in (0, 1] (default: the paper's "
-                               "for the method, 0.4 for lopti, 0.5 for ar_lopti)", type=float)
-    # REINFORCE++ = batch-whitened returns (grpo.reinforce_pp_advantages); the reference
-    # offers both estimators for every K&K script.
-    estimator: str = option("grpo", "advantage estimator: grpo (group baseline) | reinforce_pp "
-                            "(REINFORCE++)", choices=ESTIMATORS)
+    # Eq. 4, A_hat = (alpha * pi_old + 1 - alpha) * A (reference reweight_k = alpha,
+    # reweight_tau = 1 - alpha); None for a method without AR
+    alpha: float | None = option(None, "AR strength, paper Eq. 4, in [0, 1]; ar and ar_lopti only "
+                                 "(default: the paper's, 0.2 for ar, 0.3 for ar_lopti)", type=float)
+    # Algorithm 1's split pi_old < eta; None for a method without Lopti
+    eta: float | None = option(None, "Lopti threshold on pi_old, in (0, 1]; lopti and ar_lopti only "
+                               "(default: the paper's, 0.4 for lopti, 0.5 for ar_lopti)", type=float)
     lopti_order: str = option("low_first", "Lopti stage order: low_first (Algorithm 1) | "
                               "high_first (the reversed ablation)", choices=LOPTI_ORDERS)
+    # GRPO's group baseline (paper section 2), or REINFORCE++ = batch-whitened returns
+    # (grpo.reinforce_pp_advantages): the reference offers both for every K&K script.
+    estimator: str = option("grpo", "advantage estimator: grpo (group baseline) | reinforce_pp "
+                            "(REINFORCE++)", choices=ESTIMATORS)
+    group_size: int = option(8, "responses per prompt, G >= 2")  # reference rollout.n = 8
+    adv_eps: float = option(1e-6)    # A = (r - mean) / (std + 1e-6), the reference's epsilon
+    temperature: float = option(0.7, "sampling temperature (also divides the logits in "
+                                "training)")                    # reference 0.7
+    # Reference 1e-6 is for 3B/7B models; a ~3.4M-parameter model needs a far larger step.
+    # From the shipped warm start 1e-4 selects the derivations within about 10 steps at a
+    # k3 KL of ~0.02/token; at 2e-4 a warm start drifted to 0.38/token in 6 steps.
+    lr: float = option(1e-4, "AdamW learning rate")
+    adam_betas: tuple = option((0.9, 0.999))    # verl's AdamW default betas
+    weight_decay: float = option(0.01, "AdamW weight decay")    # verl's AdamW default
+    grad_clip: float = option(1.0, "gradient-norm clip")       # reference actor.grad_clip
+    # Eq. 1's clipped surrogate: reference clip_ratio_low / clip_ratio_high (asymmetric,
+    # "clip-higher") and clip_ratio_c (the dual clip, loss <= -A * c when A < 0)
+    eps_low: float = option(0.20, "PPO clip range below 1")
+    eps_high: float = option(0.24, "PPO clip range above 1 (clip-higher)")
+    clip_c: float = option(10.0, "dual-clip bound for negative advantages")
+    # Eq. 1's KL term: reference kl_loss_coef with use_kl_loss, the k3 ("low_var_kl") estimate
+    kl_coef: float = option(0.001, "k3 KL coefficient to the frozen initial policy")
+    # The reference fork clamps the k3 log-ratio to [-5, 5] (its low_var_kl): a token whose
+    # probability rose > e^5 above pi_ref's gets a constant KL term. Current verl: 20.
+    kl_log_ratio_clamp: float = option(5.0, "clamp of log pi_ref - log pi in the k3 KL: 5 (the "
+                                       "reference fork) | 20 (current verl)")
+    # reference loss_agg_mode; "seq-mean-token-mean" averages per response first (grpo.agg_loss)
+    loss_agg_mode: str = option("token-mean")
+    # reference ppo_mini_batch_size = 256: one optimizer step per stage whenever prompts x
+    # G <= 256 (grpo.py, choice 5)
+    mini_batch_size: int = option(256, "responses per optimizer step")
+    # Only memory depends on it under grad_accum="global". Not the reference's: its
+    # ppo_micro_batch_size=32 is split over 4 GPUs, 8 rows per forward on each, so
+    # grad_accum="verl" reproduces the reference's per-micro-batch means only with 8.
+    micro_batch_size: int = option(32, "responses per forward/backward (memory only)")
+    # "global": the exact token-mean over the mini-batch; "verl": the reference's mean of
+    # per-micro-batch means (grpo.grpo_update explains it)
+    grad_accum: str = option("global", "how micro-batches are averaged: global (exact) | verl",
+                             choices=("global", "verl"))
+    # Optimizer passes over each rollout (reference ppo_epochs = 1). 2 is the study's control
+    # arm: GRPO with as many optimizer steps per rollout as Lopti makes.
+    ppo_epochs: int = option(1, "optimizer passes over each rollout (reference 1)")
+    # log pi_old by a teacher-forced forward after sampling, as verl does (the reference's
+    # behaviour; it makes the first ratio exactly 1 under autocast); False: the log-probs
+    # the sampler recorded while it sampled
+    recompute_old_logprobs: bool = option(True)
 
     # --- beyond the paper (token_fixes.py, where each default's source is given)
     entropy_top_quantile: float = option(0.2, "entropy_top: share of the batch's tokens, by entropy, "
@@ -113,13 +179,10 @@ class TrainConfig:
     # --- RL schedule
     seed: int = option(0, "seed of the run (prompt order, sampling)")
     # reference: 5 epochs x 4,500 / 64 ~ 350 steps; sized here to fit the 15-minute CPU
-    # budget of the default run (docs/EXPERIMENTS.md)
+    # budget of the default run
     steps: int = option(20, "RL steps (with --resume: extend the run to this many)")
     prompts_per_step: int = option(8, "prompts per RL step")    # reference 64; a 2-core CPU
                                                                 # samples ~40 x fewer tokens/s
-    group_size: int = option(8, "responses per prompt, G >= 2")  # reference 8
-    temperature: float = option(0.7, "sampling temperature (also divides the logits in "
-                                "training)")                    # reference 0.7
     top_p: float = option(1.0, "nucleus sampling (1 = off)")   # reference: no filtering
     top_k: int = option(0, "top-k sampling (0 = off)")
     # Reference 4,096. Never cuts a derivation of the sizes the default trains on: the
@@ -129,35 +192,6 @@ class TrainConfig:
     max_new_tokens: int = option(640, "response budget of an RL rollout")
     # verl drops over-long prompts the same way; reference 400
     max_prompt_len: int = option(256, "longer RL prompts are dropped")
-
-    # --- optimisation (grpo.GRPOConfig; the reference values are its defaults)
-    # Reference 1e-6 is for 3B/7B models; a ~3.4M-parameter model needs a far larger step.
-    # From the shipped warm start 1e-4 selects the derivations within about 10 steps at a
-    # k3 KL of ~0.02/token (docs/TWO_BEHAVIOURS.md); at 2e-4 an early warm start drifted to
-    # 0.38/token in 6 steps.
-    lr: float = option(1e-4, "AdamW learning rate")
-    weight_decay: float = option(0.01, "AdamW weight decay")    # verl's AdamW default
-    grad_clip: float = option(1.0, "gradient-norm clip")       # reference
-    eps_low: float = option(0.20, "PPO clip range below 1")    # reference, asymmetric
-    eps_high: float = option(0.24, "PPO clip range above 1 (clip-higher)")
-    clip_c: float = option(10.0, "dual-clip bound for negative advantages")   # reference
-    kl_coef: float = option(0.001, "k3 KL coefficient to the frozen initial policy")  # reference
-    # The reference fork clamps the k3 log-ratio to [-5, 5] (its low_var_kl): a token whose
-    # probability rose > e^5 above pi_ref's gets a constant KL term. Current verl: 20.
-    kl_log_ratio_clamp: float = option(5.0, "clamp of log pi_ref - log pi in the k3 KL: 5 (the "
-                                       "reference fork) | 20 (current verl)")
-    # reference 256: one optimizer step per stage whenever prompts x G <= 256
-    mini_batch_size: int = option(256, "responses per optimizer step")
-    micro_batch_size: int = option(32, "responses per forward/backward (memory only)")
-    # exact token-mean over the mini-batch (grpo.py explains "verl")
-    grad_accum: str = option("global", "how micro-batches are averaged: global (exact) | verl",
-                             choices=("global", "verl"))
-    # 2 is the study's control arm: GRPO with two optimizer steps per rollout, as many as
-    # Lopti makes
-    ppo_epochs: int = option(1, "optimizer passes over each rollout (reference 1)")
-    # reference AdamW (float32 state); adamw8bit: torchao's 8-bit AdamW with bf16 stochastic
-    # rounding, for bf16 weights where float32 ones do not fit; adafactor (transformers)
-    optimizer: str = option("adamw", "adamw | adamw8bit | adafactor")
 
     # --- data: the RL prompt set (generated, official test puzzles excluded, cached)
     # Reference trains on 3..7 people; the tiny model derives right on 3 people about half
@@ -180,9 +214,9 @@ class TrainConfig:
     # and CUDA alike
     autocast_bf16: bool = option(True, "bf16 autocast for compute", flag="--no-bf16")
     ref_dtype: str = option("same", "the frozen pi_ref copy: same | bfloat16 (half the memory)")
-    # log pi_old by a teacher-forced forward after sampling, as verl does; makes the first
-    # ratio exactly 1 under autocast
-    recompute_old_logprobs: bool = option(True)
+    # reference AdamW (float32 state); adamw8bit: torchao's 8-bit AdamW with bf16 stochastic
+    # rounding, for bf16 weights where float32 ones do not fit; adafactor (transformers)
+    optimizer: str = option("adamw", "adamw | adamw8bit | adafactor")
     gradient_checkpointing: bool = option(False, "recompute activations in the backward (GPU memory)")
     # The paper trains all weights (0); LoRA (lora.py, needs peft) is for GPUs too small for it.
     lora_rank: int = option(0, "train LoRA adapters of this rank instead of all weights (0 = off, "
@@ -220,29 +254,24 @@ class TrainConfig:
 
     # ----------------------------------------------------------------------------------
     def __post_init__(self):
+        """A knob the method uses defaults to the paper's value; one it does not use is
+        None (a GRPO run records no alpha or eta)."""
         paper = paper_settings(self.method)
-        if self.alpha is None:
-            self.alpha = paper["alpha"]
-        if self.eta is None:
-            self.eta = paper["eta"]
-
-    def grpo_config(self):
-        from .grpo import GRPOConfig
-        return GRPOConfig(group_size=self.group_size, temperature=self.temperature, lr=self.lr,
-                          weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-                          eps_low=self.eps_low, eps_high=self.eps_high, clip_c=self.clip_c,
-                          kl_coef=self.kl_coef,
-                          kl_log_ratio_clamp=self.kl_log_ratio_clamp, mini_batch_size=self.mini_batch_size,
-                          micro_batch_size=self.micro_batch_size, grad_accum=self.grad_accum,
-                          ppo_epochs=self.ppo_epochs)
+        self.alpha = (paper["alpha"] if self.alpha is None else self.alpha) if self.uses_ar else None
+        self.eta = (paper["eta"] if self.eta is None else self.eta) if self.uses_lopti else None
 
     @property
     def uses_ar(self) -> bool:
-        return self.method in ("ar", "ar_lopti")
+        return uses_ar(self.method)
 
     @property
     def uses_lopti(self) -> bool:
-        return self.method in ("lopti", "ar_lopti")
+        return uses_lopti(self.method)
+
+    @property
+    def low_eta(self) -> float:
+        """The threshold of the logged `low_fraction`: eta, or LOW_FRACTION_ETA without Lopti."""
+        return self.eta if self.uses_lopti else LOW_FRACTION_ETA
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -279,7 +308,7 @@ PRESETS: dict[str, dict] = {
                         rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=50,
                         eval_max_new_tokens={3: 512}, eval_batch_size=50),
     # One GPU, gradient checkpointing, the reference hyperparameters (GPU_MEMORY_GB: the
-    # GPU each is sized for). What bounds memory (trainer.memory_estimate_gb, docs/GPU.md table):
+    # GPU each is sized for). What bounds memory (plumbing.memory_estimate_gb, docs/GPU.md table):
     # the KV cache of a rollout (64 x 8 responses of 4.5k tokens at once would need 40-85 GB,
     # hence rollout_chunk prompts per sampling call), the float32 [rows, 4096, 151,936]
     # logits of a micro-batch (~5.5 GB per response with their gradient, hence
@@ -312,6 +341,10 @@ def make_config(preset: str = "cpu-tiny", **overrides) -> TrainConfig:
     unknown = set(values) - names
     if unknown:
         raise TrainError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+    method = values.get("method", TrainConfig.method)
+    for knob, used, which in (("alpha", uses_ar, "AR's strength"), ("eta", uses_lopti, "Lopti's threshold")):
+        if values.get(knob) is not None and not used(method):
+            raise TrainError(f"{knob} is {which}: method {method} does not use it")
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
@@ -321,9 +354,9 @@ def validate(cfg: TrainConfig) -> None:
     """Reject bad input with a message that says what is wrong and what is allowed."""
     if cfg.method not in METHODS:
         raise TrainError(f"unknown method {cfg.method!r}: choose one of {', '.join(METHODS)}")
-    if not 0.0 <= cfg.alpha <= 1.0:
+    if cfg.uses_ar and not 0.0 <= cfg.alpha <= 1.0:
         raise TrainError(f"alpha must lie in [0, 1] (paper Eq. 4), got {cfg.alpha}")
-    if not 0.0 < cfg.eta <= 1.0:
+    if cfg.uses_lopti and not 0.0 < cfg.eta <= 1.0:
         raise TrainError(f"eta must lie in (0, 1] (Lopti threshold on pi_old), got {cfg.eta}")
     if not 0.0 <= cfg.entropy_top_quantile <= 1.0:
         raise TrainError(f"entropy-top-quantile must lie in [0, 1], got {cfg.entropy_top_quantile}")
@@ -355,11 +388,10 @@ def validate(cfg: TrainConfig) -> None:
                          f"current verl), got {cfg.kl_log_ratio_clamp}")
     if cfg.grad_accum not in ("global", "verl"):
         raise TrainError(f"grad accum must be global or verl, got {cfg.grad_accum!r}")
-    from .precision import PrecisionError, check_precision   # torch: only once a config is built
-    try:
-        check_precision(cfg)
-    except PrecisionError as e:
-        raise TrainError(str(e)) from None
+    if cfg.loss_agg_mode not in ("token-mean", "seq-mean-token-mean"):
+        raise TrainError(f"loss agg mode must be token-mean or seq-mean-token-mean, got {cfg.loss_agg_mode!r}")
+    from .precision import check_precision   # torch: only once a config is built
+    check_precision(cfg)                     # its PrecisionError is a TrainError
     if cfg.lora_rank < 0:
         raise TrainError(f"lora-rank must be >= 0 (0 = off), got {cfg.lora_rank}")
     if cfg.lora_rank:
@@ -376,13 +408,24 @@ def config_to_json(cfg: TrainConfig) -> dict:
     return d
 
 
+# How `config_from_json` reads a config saved by an older version (run.json, a checkpoint's
+# trainer_state.pt): a field the file lacks takes the value the code had before the field
+# existed, which is its default here unless listed below; a key that is no longer a field
+# is dropped (a removed field).
+MISSING_DEFAULTS = {
+    # Runs saved before the clamp was an option ran with current verl's 20 (grpo.kl_k3).
+    "kl_log_ratio_clamp": 20.0,
+}
+_TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas")
+
+
 def config_from_json(d: dict) -> TrainConfig:
-    d = dict(d)
-    d["eval_max_new_tokens"] = {int(k): v for k, v in d.get("eval_max_new_tokens", {}).items()}
-    for k in ("rl_sizes", "eval_sizes"):
+    """The TrainConfig of a saved config (`config_to_json`), old ones too (MISSING_DEFAULTS)."""
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    d = {**MISSING_DEFAULTS, **{k: v for k, v in d.items() if k in names}}
+    if "eval_max_new_tokens" in d:
+        d["eval_max_new_tokens"] = {int(k): v for k, v in d["eval_max_new_tokens"].items()}
+    for k in _TUPLE_FIELDS:
         if k in d:
             d[k] = tuple(d[k])
-    # Runs saved before the clamp was an option ran with current verl's 20 (see grpo.kl_k3).
-    d.setdefault("kl_log_ratio_clamp", 20.0)
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in d.items() if k in names})
+    return TrainConfig(**d)

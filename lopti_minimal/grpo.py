@@ -10,7 +10,8 @@ Design choices:
 1. Everything follows the paper's GRPO objective and its reference implementation (a fork
    of the verl RL framework: `compute_policy_loss`, `kl_penalty` and `agg_loss` in
    verl/trainer/ppo/core_algos.py, `update_policy` in verl/workers/actor/dp_actor.py, and
-   the K&K launch scripts for the defaults, `GRPOConfig`).
+   the K&K launch scripts for the defaults: the "method" section of config.TrainConfig,
+   which every function here reads its numbers from).
 2. The code is written from the formulas; the comments say where a choice reproduces the
    reference and where it deliberately differs.
 3. Gradient accumulation is exact by default (grad_accum="global": the accumulated
@@ -26,59 +27,12 @@ Design choices:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 
-from .sampling import position_ids_from_mask
-
-
-# --------------------------------------------------------------------------- config
-
-
-@dataclass
-class GRPOConfig:
-    """All GRPO defaults, with where they come from.
-
-    Reference = the AR-Lopti K&K launch scripts (scripts/train_kklogic_*_4x80GB.sh) and
-    the verl config / workers of that fork.
-    """
-
-    group_size: int = 8            # rollout.n = 8 responses per prompt
-    temperature: float = 0.7       # rollout temperature; also divides logits in training
-    lr: float = 1e-6               # actor.optim.lr (reference runs; a tiny model needs more)
-    betas: tuple = (0.9, 0.999)    # verl AdamW default betas
-    weight_decay: float = 0.01     # verl AdamW default weight_decay (1e-2)
-    grad_clip: float = 1.0         # actor.grad_clip: clip the global grad norm to 1.0
-    eps_low: float = 0.20          # clip_ratio_low: rho >= 1 - 0.20
-    eps_high: float = 0.24         # clip_ratio_high: rho <= 1 + 0.24 ("clip-higher")
-    clip_c: float = 10.0           # clip_ratio_c: dual clip, loss <= -A * c when A < 0
-    kl_coef: float = 0.001         # kl_loss_coef, with use_kl_loss = True
-    kl_type: str = "low_var_kl"    # k3 estimator, clamped to [-10, 10]
-    kl_log_ratio_clamp: float = 5.0    # the fork's low_var_kl clamps log pi_ref - log pi to
-                                       # [-5, 5]; current verl: 20 (see kl_k3)
-    loss_agg_mode: str = "token-mean"   # or "seq-mean-token-mean"
-    mini_batch_size: int = 256     # responses per optimizer step (ppo_mini_batch_size=256;
-                                   # the fork does not multiply it by n), so a 64x8 batch
-                                   # makes 2 optimizer steps
-    micro_batch_size: int = 32     # responses per forward/backward; only memory depends on
-                                   # it under grad_accum="global". Not the reference's: its
-                                   # ppo_micro_batch_size=32 is split over 4 GPUs, 8 rows per
-                                   # forward on each, so grad_accum="verl" reproduces the
-                                   # reference's per-micro-batch means only with 8 here.
-    grad_accum: str = "global"     # "global": exact whole-mini-batch token-mean;
-                                   # "verl": the reference's per-micro-batch mean (see below)
-    ppo_epochs: int = 1            # one pass over the batch per rollout
-    adv_eps: float = 1e-6          # std + 1e-6 in the group advantage
-    entropy_coef: float = 0.0      # entropy_coeff = 0 in the reference; not implemented
-
-
-def reference_adamw(model, config: GRPOConfig) -> torch.optim.AdamW:
-    """AdamW as in the reference actor (lr, betas, weight decay from the config)."""
-    trainable = [p for p in model.parameters() if p.requires_grad]     # LoRA: the adapters only
-    return torch.optim.AdamW(trainable, lr=config.lr, betas=tuple(config.betas),
-                             weight_decay=config.weight_decay)
+from .sampling import Rollout, position_ids_from_mask
 
 
 # ------------------------------------------------------------------- advantages
@@ -269,27 +223,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 # ------------------------------------------------------------------------ update
 
 
-def _rows(batch: dict, idx: slice) -> dict:
-    """Slice the per-row tensors of a batch dict."""
-    return {k: (v[idx] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in batch.items()}
-
-
-def batch_from_rollout(rollout, advantages: torch.Tensor) -> dict:
-    """The dict grpo_update consumes. advantages: [B] per response or [B, R] per token
-    (e.g. after `reweight_advantages`)."""
-    if advantages.dim() == 1:
-        advantages = token_advantages(advantages, rollout.response_mask)
-    return {
-        "input_ids": rollout.input_ids,
-        "attention_mask": rollout.attention_mask,
-        "response_mask": rollout.response_mask.float(),
-        "old_logprobs": rollout.old_logprobs,
-        "advantages": advantages,
-        "prompt_len": rollout.prompt_len,
-    }
-
-
-def sort_by_length(batch: dict, config: GRPOConfig) -> tuple[dict, torch.Tensor]:
+def sort_by_length(batch: Rollout, cfg) -> Rollout:
     """Reorder the rows of each mini-batch by response length, so that each micro-batch
     holds responses of similar length and `token_logprobs` can skip its padding.
 
@@ -297,62 +231,62 @@ def sort_by_length(batch: dict, config: GRPOConfig) -> tuple[dict, torch.Tensor]
     same responses; under grad_accum="global" its loss is a sum over tokens divided by
     the mini-batch's token count, which no order changes (equal up to float rounding).
     Under grad_accum="verl" the micro-batch composition is part of the loss (a mean of
-    per-micro-batch means), so the batch is returned unchanged. Returns (batch, order):
-    row i of the new batch is row order[i] of the old one.
+    per-micro-batch means), so the batch is returned unchanged. Group-major order is gone
+    afterwards: compute what needs the groups (advantages) before.
     """
-    lengths = batch["response_mask"].sum(1)
-    B = len(lengths)
-    if config.grad_accum != "global":
-        return batch, torch.arange(B, device=lengths.device)
-    order = torch.cat([s + lengths[s:s + config.mini_batch_size].argsort(stable=True)
-                       for s in range(0, B, config.mini_batch_size)])
-    return {k: (v[order] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in batch.items()}, order
+    if cfg.grad_accum != "global":
+        return batch
+    lengths = batch.response_mask.sum(1)
+    order = torch.cat([s + lengths[s:s + cfg.mini_batch_size].argsort(stable=True)
+                       for s in range(0, len(lengths), cfg.mini_batch_size)])
+    return batch.rows(order)
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: dict, config: GRPOConfig) -> torch.Tensor:
-    """log-probs of a batch's response tokens, in micro-batches, without grad: the frozen
-    reference policy's log pi_ref, or a recomputed log pi_old. 0 on padding."""
+def batch_logprobs(model, batch: Rollout, cfg) -> torch.Tensor:
+    """log-probs of a batch's response tokens, in micro-batches of cfg.micro_batch_size, at
+    cfg.temperature, without grad: the frozen reference policy's log pi_ref, or a
+    recomputed log pi_old. 0 on padding."""
     was_training = model.training
     model.eval()
-    B = batch["input_ids"].shape[0]
+    B = batch.input_ids.shape[0]
     parts = []
-    for s in range(0, B, config.micro_batch_size):
-        mb = _rows(batch, slice(s, s + config.micro_batch_size))
-        parts.append(token_logprobs(model, mb["input_ids"], mb["attention_mask"],
-                                   batch["prompt_len"], config.temperature))
+    for s in range(0, B, cfg.micro_batch_size):
+        mb = slice(s, s + cfg.micro_batch_size)
+        parts.append(token_logprobs(model, batch.input_ids[mb], batch.attention_mask[mb],
+                                    batch.prompt_len, cfg.temperature))
     model.train(was_training)
-    return torch.cat(parts, 0) * batch["response_mask"]
+    return torch.cat(parts, 0) * batch.response_mask
 
 
-def _micro_batch_loss(model, batch, mb, advantages, ref_logp, train_mask, denom_mask,
-                      config: GRPOConfig, n_tok, n_seq, n_micro, pg_loss=None):
+def _micro_batch_loss(model, batch: Rollout, mb, advantages, train_mask, denom_mask, cfg,
+                      n_tok, n_seq, n_micro, pg_loss=None):
     """The loss of one micro-batch (rows `mb`), scaled so that the micro-batch losses of
     a mini-batch add up to the mini-batch loss, and its metrics."""
-    logp = token_logprobs(model, batch["input_ids"][mb], batch["attention_mask"][mb],
-                          batch["prompt_len"], config.temperature)
+    logp = token_logprobs(model, batch.input_ids[mb], batch.attention_mask[mb],
+                          batch.prompt_len, cfg.temperature)
     if pg_loss is None:
-        pg, st = policy_loss(logp, batch["old_logprobs"][mb], advantages[mb],
-                             config.eps_low, config.eps_high, config.clip_c)
+        pg, st = policy_loss(logp, batch.old_logprobs[mb], advantages[mb],
+                             cfg.eps_low, cfg.eps_high, cfg.clip_c)
     else:       # another method's per-token policy term (token_fixes.py)
-        pg, st = pg_loss(logp, batch["old_logprobs"][mb], advantages[mb], mb)
+        pg, st = pg_loss(logp, batch.old_logprobs[mb], advantages[mb], mb)
     kl = torch.zeros_like(pg)
-    if ref_logp is not None:
-        kl = kl_k3(logp, ref_logp[mb], config.kl_log_ratio_clamp)
-    per_token = pg + config.kl_coef * kl
+    if batch.ref_logprobs is not None:
+        kl = kl_k3(logp, batch.ref_logprobs[mb], cfg.kl_log_ratio_clamp)
+    per_token = pg + cfg.kl_coef * kl
     # Masked tokens contribute 0 to the numerator; `dm` decides the denominator.
     tm, dm = train_mask[mb], denom_mask[mb]
-    if config.grad_accum == "global":
-        loss = agg_loss(per_token, tm, config.loss_agg_mode, n_tok, n_seq, dm)
-    elif config.grad_accum == "verl":
-        loss = agg_loss(per_token, tm, config.loss_agg_mode, denom_mask=dm) / n_micro
+    if cfg.grad_accum == "global":
+        loss = agg_loss(per_token, tm, cfg.loss_agg_mode, n_tok, n_seq, dm)
+    elif cfg.grad_accum == "verl":
+        loss = agg_loss(per_token, tm, cfg.loss_agg_mode, denom_mask=dm) / n_micro
     else:
-        raise ValueError(f"unknown grad_accum {config.grad_accum!r}")
+        raise ValueError(f"unknown grad_accum {cfg.grad_accum!r}")
     with torch.no_grad():
         ntm = float(tm.sum())
         ratio = st["ratio"][tm > 0]
         stats = {
-            "pg_loss": float(agg_loss(pg, tm, config.loss_agg_mode, denom_mask=dm)),
+            "pg_loss": float(agg_loss(pg, tm, cfg.loss_agg_mode, denom_mask=dm)),
             "kl": float((kl * tm).sum()) / max(ntm, 1.0),
             "clip_frac": float((st["clipped"] * tm).sum()) / max(ntm, 1.0),
             "dual_clip_frac": float((st["dual_clipped"] * tm).sum()) / max(ntm, 1.0),
@@ -364,17 +298,16 @@ def _micro_batch_loss(model, batch, mb, advantages, ref_logp, train_mask, denom_
     return loss, stats
 
 
-def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
-                token_mask: torch.Tensor | None = None, denominator: str = "all",
-                pg_loss=None) -> dict:
+def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor | None = None,
+                denominator: str = "all", pg_loss=None) -> dict:
     """One GRPO update on a rollout batch: mini-batches, each its own optimizer step, each
     made of micro-batches whose gradients accumulate.
 
     model       the policy pi_theta (trained in place).
-    ref         the frozen reference policy (a model), or its precomputed log-probs [B, R],
-                or None when config.kl_coef == 0.
-    batch       dict from `batch_from_rollout`: input_ids, attention_mask, response_mask,
-                old_logprobs, advantages [B, R] (token-level), prompt_len.
+    batch       a `Rollout` with old_logprobs and advantages [B, R] (token-level), and
+                ref_logprobs unless cfg.kl_coef == 0.
+    cfg         a config.TrainConfig: the numbers of its "method" section (temperature,
+                clip ranges, KL, batch sizes, aggregation, ppo_epochs, grad_clip).
     token_mask  [B, R] optional: the tokens this update trains on (Lopti's stage masks).
                 Outside it the advantage is 0 and the KL term is masked, exactly like the
                 reference, which zeroes `advantages` and multiplies the KL by a mask.
@@ -401,28 +334,25 @@ def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
     tokens); grad_norm (pre-clip, mean over optimizer steps); n_steps.
     """
     model.train()
-    B = batch["input_ids"].shape[0]
-    resp = batch["response_mask"].float()
+    B = batch.input_ids.shape[0]
+    resp = batch.response_mask.float()
     train_mask = resp if token_mask is None else resp * token_mask.float()
     denom_mask = resp if denominator == "all" else train_mask
     if denominator not in ("all", "masked"):
         raise ValueError(f"unknown denominator {denominator!r}")
-    advantages = batch["advantages"] * train_mask
-
-    use_kl = config.kl_coef != 0.0
-    ref_logp = None
-    if use_kl:
-        if ref is None:
-            raise ValueError("kl_coef != 0 needs a reference model or reference log-probs")
-        ref_logp = ref if torch.is_tensor(ref) else batch_logprobs(ref, batch, config)
+    if cfg.kl_coef != 0.0 and batch.ref_logprobs is None:
+        raise ValueError("kl_coef != 0 needs the reference log-probs (batch.ref_logprobs)")
+    if cfg.kl_coef == 0.0:
+        batch = dataclasses.replace(batch, ref_logprobs=None)
+    advantages = batch.advantages * train_mask
 
     sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0,
             "ratio_mean": 0.0, "grad_norm": 0.0}
     ratio_min, ratio_max = math.inf, -math.inf
     n_micro, n_steps, n_ratio_tok = 0, 0, 0.0
-    for _ in range(config.ppo_epochs):
-        for ms in range(0, B, config.mini_batch_size):
-            mini = slice(ms, min(ms + config.mini_batch_size, B))
+    for _ in range(cfg.ppo_epochs):
+        for ms in range(0, B, cfg.mini_batch_size):
+            mini = slice(ms, min(ms + cfg.mini_batch_size, B))
             if train_mask[mini].sum() == 0:
                 # Nothing to train on (e.g. an empty Lopti stage): make no optimizer step,
                 # so AdamW's momentum and weight decay do not move the weights. The
@@ -430,13 +360,12 @@ def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
                 continue
             n_tok = float(denom_mask[mini].sum())
             n_seq = float(mini.stop - mini.start)
-            mb_starts = range(mini.start, mini.stop, config.micro_batch_size)
+            mb_starts = range(mini.start, mini.stop, cfg.micro_batch_size)
             optimizer.zero_grad(set_to_none=True)
             for s in mb_starts:
-                mb = slice(s, min(s + config.micro_batch_size, mini.stop))
-                loss, st = _micro_batch_loss(model, batch, mb, advantages, ref_logp,
-                                             train_mask, denom_mask, config, n_tok, n_seq,
-                                             len(mb_starts), pg_loss)
+                mb = slice(s, min(s + cfg.micro_batch_size, mini.stop))
+                loss, st = _micro_batch_loss(model, batch, mb, advantages, train_mask, denom_mask,
+                                             cfg, n_tok, n_seq, len(mb_starts), pg_loss)
                 loss.backward()
                 sums["loss"] += float(loss.detach())
                 for k in ("pg_loss", "kl", "clip_frac", "dual_clip_frac"):
@@ -447,7 +376,7 @@ def grpo_update(model, ref, optimizer, batch: dict, config: GRPOConfig,
                     ratio_min = min(ratio_min, st["ratio_min"])
                     ratio_max = max(ratio_max, st["ratio_max"])
                 n_micro += 1
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             sums["grad_norm"] += float(grad_norm)
             n_steps += 1

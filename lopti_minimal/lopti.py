@@ -20,13 +20,16 @@ the default):
    training (the reference's negative eta, the same partition).
 5. A stage (or mini-batch) with no tokens makes no optimizer step (the reference would step
    AdamW on a zero gradient), so eta <= min pi_old or eta > 1 is exactly one GRPO update.
-6. AR composes: pass the AR-reweighted advantages in `batch["advantages"]`.
+6. AR composes: pass the AR-reweighted advantages as `batch.advantages`.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from .grpo import GRPOConfig, batch_logprobs, grpo_update
+from .grpo import batch_logprobs, grpo_update
+from .sampling import Rollout
 
 
 def split_by_probability(old_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -41,19 +44,19 @@ def split_by_probability(old_logprobs: torch.Tensor, response_mask: torch.Tensor
     return low.float(), high.float()
 
 
-def lopti_update(model, ref, optimizer, batch: dict, config: GRPOConfig, eta: float = 0.5,
+def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
                  order: str = "low_first", recompute_old: bool = False,
                  denominator: str = "all") -> dict:
     """Paper Algorithm 1: two `grpo_update`s, low-probability tokens then high.
 
-    Arguments are those of `grpo_update` plus eta, order ("low_first" | "high_first"),
-    recompute_old and denominator (see the module docstring). The reference log-probs are
-    computed once, before stage 1, from the frozen reference policy.
+    Arguments are those of `grpo_update` (the batch carries pi_old, the advantages and the
+    reference log-probs, computed once for both stages) plus eta, order ("low_first" |
+    "high_first"), recompute_old and denominator (see the module docstring).
 
     Returns {"stage1": metrics, "stage2": metrics, "low_fraction": share of valid tokens
     with pi_old < eta}.
     """
-    low, high = split_by_probability(batch["old_logprobs"], batch["response_mask"], eta)
+    low, high = split_by_probability(batch.old_logprobs, batch.response_mask, eta)
     if order == "low_first":
         first, second = low, high
     elif order == "high_first":
@@ -61,14 +64,9 @@ def lopti_update(model, ref, optimizer, batch: dict, config: GRPOConfig, eta: fl
     else:
         raise ValueError(f"unknown order {order!r}")
 
-    if config.kl_coef != 0.0 and ref is not None and not torch.is_tensor(ref):
-        ref = batch_logprobs(ref, batch, config)      # once, for both stages
-
-    m1 = grpo_update(model, ref, optimizer, batch, config, token_mask=first,
-                     denominator=denominator)
+    m1 = grpo_update(model, optimizer, batch, cfg, token_mask=first, denominator=denominator)
     if recompute_old:
-        batch = dict(batch, old_logprobs=batch_logprobs(model, batch, config))
-    m2 = grpo_update(model, ref, optimizer, batch, config, token_mask=second,
-                     denominator=denominator)
-    n_valid = float(batch["response_mask"].sum())
+        batch = dataclasses.replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
+    m2 = grpo_update(model, optimizer, batch, cfg, token_mask=second, denominator=denominator)
+    n_valid = float(batch.response_mask.sum())
     return {"stage1": m1, "stage2": m2, "low_fraction": float(low.sum()) / max(n_valid, 1.0)}

@@ -16,7 +16,7 @@ The paper's fixed bins of pi_old, [0,.25) [.25,.5) [.5,.75) [.75,1], and per RL 
                  of a small, sharp model;
 - ``nll``        the mean -log pi_old of the sampled tokens: a one-sample estimate of the
                  policy's entropy at the rollout temperature (E_{o ~ pi}[-log pi(o)] = H(pi));
-- ``grad_sq_share`` (every ``mechanism_every`` steps, an option: it costs four backward
+- ``grad_sq_share`` (every ``grad_shares_every`` steps, an option: it costs four backward
                  passes) per bin, ||g_k||^2 / sum_j ||g_j||^2, where g_k is the gradient,
                  at pi_old, of the method's loss restricted to bin k (a Lopti-style token
                  mask, token-mean over *all* tokens): the paper's Fig. 1b as shares. With AR
@@ -30,10 +30,12 @@ whether that holds at every step of a run, per method.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
-from .grpo import GRPOConfig, grpo_update
+from .grpo import batch_logprobs, grpo_update
+from .sampling import Rollout
 
 # The paper's fixed bins of pi_old (Fig. 1, Fig. 3); the last one is closed at 1.
 BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -78,23 +80,50 @@ def step_shares(old_logp: torch.Tensor, new_logp: torch.Tensor, adv: torch.Tenso
     }
 
 
-def gradient_sq_shares(model, batch: dict, ref_logp, config: GRPOConfig,
-                       pg_loss=None) -> list[float | None]:
+def gradient_sq_shares(model, batch: Rollout, cfg, pg_loss=None) -> list[float | None]:
     """Each bin's share of the squared gradient norm of the method's loss (module docstring).
 
     One `grpo_update` per bin with that bin as the token mask and the denominator "all"
     (exactly a Lopti stage's loss), and an SGD optimizer with lr 0, so the parameters do not
     move: its pre-clip `grad_norm` is ||g_k||. One pass (ppo_epochs 1) whatever the method.
     `pg_loss`: a token fix's policy term (token_fixes.py), as the method's update uses it."""
-    masks = bin_masks(batch["old_logprobs"].exp(), batch["response_mask"])
-    one_pass = dataclasses.replace(config, ppo_epochs=1)
+    masks = bin_masks(batch.old_logprobs.exp(), batch.response_mask)
+    one_pass = dataclasses.replace(cfg, ppo_epochs=1)
     still = torch.optim.SGD(model.parameters(), lr=0.0)
     sq = []
     for m in masks:
         if m.sum() == 0:
             sq.append(0.0)
             continue
-        sq.append(grpo_update(model, ref_logp, still, batch, one_pass, token_mask=m,
-                              pg_loss=pg_loss)["grad_norm"] ** 2)
+        sq.append(grpo_update(model, still, batch, one_pass, token_mask=m, pg_loss=pg_loss)["grad_norm"] ** 2)
     total = sum(sq)
     return [round(s / total, 5) if total > 0 else None for s in sq]
+
+
+class Probe:
+    """The mechanism's measurements around one RL step's update, as the trainer takes them:
+    ``before`` at pi_old (grad_sq_share every cfg.grad_shares_every steps, and the log-probs
+    before the update), ``after`` once the whole update is done (step_shares). ``metrics``
+    holds what was measured, ``seconds`` what it cost."""
+
+    def __init__(self, cfg, step: int):
+        self.cfg, self.step = cfg, step
+        self.metrics: dict = {}
+        self.seconds = 0.0
+        self._before = None
+
+    def before(self, model, batch: Rollout, fix=None) -> None:
+        t = time.perf_counter()
+        cfg = self.cfg
+        if cfg.grad_shares_every and self.step % cfg.grad_shares_every == 0:
+            self.metrics["grad_sq_share"] = gradient_sq_shares(model, batch, cfg, fix)
+        # The log-probs before the update, computed as the ones after it will be: a
+        # teacher-forced forward (the recomputed pi_old is one).
+        self._before = batch.old_logprobs if cfg.recompute_old_logprobs else batch_logprobs(model, batch, cfg)
+        self.seconds += time.perf_counter() - t
+
+    def after(self, model, batch: Rollout) -> None:
+        t = time.perf_counter()
+        self.metrics.update(step_shares(self._before, batch_logprobs(model, batch, self.cfg),
+                                        batch.advantages, batch.response_mask))
+        self.seconds += time.perf_counter() - t

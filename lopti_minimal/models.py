@@ -4,7 +4,7 @@ Design choices:
 
 1. Two tiers: the *tiny* tier, a Llama-architecture model from ``transformers`` with a
    small config and our own K&K tokenizer (tokenizer.py), trained from scratch on a CPU
-   (warmstart.py); the *pretrained* tier, any Hugging Face causal LM, from a local
+   (experiments/warmstart.py); the *pretrained* tier, any Hugging Face causal LM, from a local
    directory, a hub id (where the hub is reachable) or a ``.gguf`` file (dequantized by
    transformers on load).
 2. Both are ordinary ``PreTrainedModel`` objects, so the RL code never cares which tier it
@@ -43,9 +43,10 @@ class TinyPreset:
     max_positions: int     # longest prompt + response the RoPE cache is sized for
 
 
-# Sizes for a 2-core CPU.  Parameter counts (docs/TASK_AND_MODELS.md) are for the shipped 1,024-entry
-# vocabulary with tied input/output embeddings (tying saves vocab x hidden parameters,
-# a large share at this size).
+# Sizes for a 2-core CPU.  Parameter counts (docs/TASK_AND_MODELS.md) are for the shipped
+# tokenizer's vocabulary of 771 entries (tokenizer.py asks its BPE for up to 1,024; the K&K
+# corpus has no more pairs worth merging; tests/test_models.py checks the number) with tied
+# input/output embeddings (tying saves vocab x hidden parameters, a large share at this size).
 TINY_PRESETS: dict[str, TinyPreset] = {
     # Tests only: a forward+backward of a few hundred tokens in milliseconds.
     "nano": TinyPreset(hidden=64, layers=2, heads=4, kv_heads=4, intermediate=176, max_positions=4096),

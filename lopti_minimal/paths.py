@@ -4,7 +4,7 @@ Design choices:
 
 1. A checkout is the repository: the package's parent holds pyproject.toml. There the
    default run reads checkpoints/tiny-warm and data/kk_benchmark and writes runs/ and
-   cache/ next to them, as it always has.
+   cache/ next to them.
 2. An installed copy has no repository around it. The two read-only things the default
    run needs -- the shipped warm start and the official test sets (the paper's K&K
    metric) -- are copied into the wheel as lopti_minimal/_shipped/ (pyproject.toml,

@@ -118,7 +118,7 @@ def plot_size_bars(reports: dict, path, title: str = "accuracy per puzzle size")
 
 
 def plot_run(run_dir) -> list[str]:
-    """All plots of a run directory (trainer.py layout); returns the files written."""
+    """All plots of a run directory (runs.py layout); returns the files written."""
     run_dir = Path(run_dir)
     out = []
     metrics = _read_jsonl(run_dir / "metrics.jsonl")

@@ -32,13 +32,15 @@ import copy
 
 import torch
 
+from .config import TrainError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")
 STOCHASTIC_ROUNDING = ("adamw8bit",)     # optimizers that keep updates of bf16 weights
 GPU_ONLY_HINT = "on a CPU use --preset cpu-tiny or smollm2-cpu (--device cpu runs this preset's code path on the CPU, slowly)"
 
 
-class PrecisionError(ValueError):
+class PrecisionError(TrainError):
     """A precision or device setting that cannot work: one line, what to use instead."""
 
 
@@ -101,12 +103,13 @@ def ref_dtype(cfg) -> torch.dtype | None:
 
 
 def build_optimizer(model, cfg):
-    """The optimizer of ``cfg.optimizer`` over the model's (master) weights."""
+    """The optimizer of ``cfg.optimizer`` over the model's trainable (master) weights (LoRA:
+    the adapters only), with cfg.lr, cfg.adam_betas and cfg.weight_decay."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
-        # The reference actor's AdamW (betas, weight decay: grpo.GRPOConfig).
-        from .grpo import reference_adamw
-        return reference_adamw(model, cfg.grpo_config())
+        # The reference actor's AdamW: float32 state, verl's betas and weight decay.
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                 weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adafactor":
         # Adafactor (Shazeer & Stern 2018) as shipped by transformers, with an explicit lr:
         # factored second moments, no first moment -- a few MB of state instead of 2 x params.
@@ -117,9 +120,8 @@ def build_optimizer(model, cfg):
         from torchao.optim import AdamW8bit
     except ImportError as e:
         raise PrecisionError("optimizer adamw8bit needs torchao: pip install torchao") from e
-    g = cfg.grpo_config()
     sr = any(p.dtype == torch.bfloat16 for p in params)
-    return AdamW8bit(params, lr=cfg.lr, betas=tuple(g.betas), weight_decay=cfg.weight_decay,
+    return AdamW8bit(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
                      bf16_stochastic_round=sr)
 
 

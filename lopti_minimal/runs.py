@@ -5,12 +5,13 @@
     RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
     RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt
     RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
+    RUN_DIR/eval_final.json   the final evaluation; summary.json: paths and the final accuracy
 
 Design choices:
 
 1. One atomic saver, ``save_hf_atomic``, writes every checkpoint of the project -- the RL
-   trainer's periodic and final policies (trainer.py) and the supervised warm start
-   (warmstart.py).
+   loop's periodic and final policies (plumbing.Run) and the supervised warm start
+   (experiments/warmstart.py).
 2. A Hugging Face folder is written under a temporary name and renamed, so a reader (or a
    resume after kill -9) sees either the old folder or the complete new one.
 """

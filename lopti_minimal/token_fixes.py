@@ -69,9 +69,10 @@ import numpy as np
 import torch
 
 from .config import TOKEN_FIXES
-from .grpo import GRPOConfig, policy_loss, token_logprobs
+from .grpo import policy_loss, token_logprobs
+from .sampling import Rollout
 
-# The TrainConfig fields these methods read (build_from_config), defaults and help there.
+# The TrainConfig fields these methods read (defaults and help there).
 OPTIONS = ("entropy_top_quantile", "cispo_eps_low", "cispo_eps_high", "clip_cov_ratio",
            "clip_cov_low", "clip_cov_high", "kl_cov_ratio", "kl_cov_coef")
 
@@ -80,19 +81,19 @@ OPTIONS = ("entropy_top_quantile", "cispo_eps_low", "cispo_eps_high", "clip_cov_
 
 
 @torch.no_grad()
-def batch_entropies(model, batch: dict, config: GRPOConfig) -> torch.Tensor:
+def batch_entropies(model, batch: Rollout, cfg) -> torch.Tensor:
     """H_t of the policy's next-token distribution at every response position (logits /
     temperature, as sampled), in micro-batches, without grad: [B, R], 0 on padding.
     (Memory: two more float [b, R, V] temporaries than a log-prob pass, gradient-free.)"""
     was_training = model.training
     model.eval()
     parts = []
-    for s in range(0, batch["input_ids"].shape[0], config.micro_batch_size):
-        rows = slice(s, s + config.micro_batch_size)
-        parts.append(token_logprobs(model, batch["input_ids"][rows], batch["attention_mask"][rows],
-                                    batch["prompt_len"], config.temperature, entropy=True)[1])
+    for s in range(0, batch.input_ids.shape[0], cfg.micro_batch_size):
+        rows = slice(s, s + cfg.micro_batch_size)
+        parts.append(token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows],
+                                    batch.prompt_len, cfg.temperature, entropy=True)[1])
     model.train(was_training)
-    return torch.cat(parts, 0) * batch["response_mask"]
+    return torch.cat(parts, 0) * batch.response_mask
 
 
 def high_entropy_mask(entropy: torch.Tensor, valid: torch.Tensor, top: float = 0.2) -> torch.Tensor:
@@ -180,22 +181,20 @@ def kl_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 class TokenFix:
     """The per-token policy term of one method: `grpo_update(..., pg_loss=fix)`.
 
+    cfg   the run's TrainConfig (clip ranges, and the method's knobs, OPTIONS).
     mask  [B, R] in the rows of the batch it was built on. entropy_top: the kept tokens;
           clip_cov: the detached ones; kl_cov: the penalised ones; cispo: None.
     """
     method: str
-    config: GRPOConfig
+    cfg: object
     mask: torch.Tensor | None = None
-    cispo_eps_low: float = 1.0
-    cispo_eps_high: float = 4.0
-    kl_cov_coef: float = 1.0
 
     def __call__(self, logp, old_logp, advantages, rows):
-        c = self.config
+        c = self.cfg
         if self.method == "cispo":
-            return cispo_loss(logp, old_logp, advantages, self.cispo_eps_low, self.cispo_eps_high)
+            return cispo_loss(logp, old_logp, advantages, c.cispo_eps_low, c.cispo_eps_high)
         if self.method == "kl_cov":
-            return kl_cov_loss(logp, old_logp, advantages, self.mask[rows], self.kl_cov_coef)
+            return kl_cov_loss(logp, old_logp, advantages, self.mask[rows], c.kl_cov_coef)
         loss, stats = policy_loss(logp, old_logp, advantages, c.eps_low, c.eps_high, c.clip_c)
         keep = self.mask[rows] if self.method == "entropy_top" else 1.0 - self.mask[rows]
         return loss * keep, stats
@@ -207,23 +206,22 @@ class TokenFix:
         return float((self.mask * valid).sum()) / max(float(valid.sum()), 1.0)
 
 
-def build(method: str, model, batch: dict, config: GRPOConfig, *, entropy_top_quantile: float = 0.2,
-          cispo_eps_low: float = 1.0, cispo_eps_high: float = 4.0, clip_cov_ratio: float = 2e-4,
-          clip_cov_low: float = 1.0, clip_cov_high: float = 5.0, kl_cov_ratio: float = 2e-3,
-          kl_cov_coef: float = 1.0, generator: torch.Generator | None = None) -> TokenFix:
-    """The hook of `method` for this batch, its selections made from pi_old = the batch's
-    old_logprobs and the model as it is now (design choice 2)."""
+def build(method: str, model, batch: Rollout, cfg, generator: torch.Generator | None = None) -> TokenFix:
+    """The hook of `method` for this batch, with the knobs of ``cfg`` (OPTIONS), its
+    selections made from pi_old = batch.old_logprobs and the model as it is now (design
+    choice 2); ``generator``: Clip-Cov's draw."""
     if method not in TOKEN_FIXES:
         raise ValueError(f"unknown token fix {method!r}: choose one of {', '.join(TOKEN_FIXES)}")
-    valid = batch["response_mask"]
+    valid = batch.response_mask
     mask = None
     if method == "entropy_top":
-        mask = high_entropy_mask(batch_entropies(model, batch, config), valid, entropy_top_quantile)
+        mask = high_entropy_mask(batch_entropies(model, batch, cfg), valid, cfg.entropy_top_quantile)
     elif method in ("clip_cov", "kl_cov"):
-        cov = token_covariance(batch["old_logprobs"], batch["advantages"], valid)
-        mask = (clip_cov_mask(cov, valid, clip_cov_ratio, clip_cov_low, clip_cov_high, generator)
-                if method == "clip_cov" else kl_cov_mask(cov, valid, kl_cov_ratio))
-    return TokenFix(method, config, mask, cispo_eps_low, cispo_eps_high, kl_cov_coef)
+        cov = token_covariance(batch.old_logprobs, batch.advantages, valid)
+        mask = (clip_cov_mask(cov, valid, cfg.clip_cov_ratio, cfg.clip_cov_low, cfg.clip_cov_high,
+                              generator)
+                if method == "clip_cov" else kl_cov_mask(cov, valid, cfg.kl_cov_ratio))
+    return TokenFix(method, cfg, mask)
 
 
 def selection_generator(seed: int, step: int) -> torch.Generator:
@@ -231,9 +229,3 @@ def selection_generator(seed: int, step: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(int(np.random.SeedSequence([seed, step, 3]).generate_state(1)[0]))
     return g
-
-
-def build_from_config(cfg, model, batch: dict, config: GRPOConfig, step: int) -> TokenFix:
-    """`build` with the run's options (TrainConfig fields named in OPTIONS)."""
-    return build(cfg.method, model, batch, config, generator=selection_generator(cfg.seed, step),
-                 **{k: getattr(cfg, k) for k in OPTIONS})

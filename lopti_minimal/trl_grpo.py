@@ -38,12 +38,14 @@ from trl.trainer.grpo_trainer import disable_gradient_checkpointing
 from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 
-from .grpo import group_advantages
+from .config import LOPTI_ORDERS, METHODS, TrainConfig, paper_settings, uses_ar, uses_lopti
+from .grpo import group_advantages, token_advantages
 from .lopti import split_by_probability
 from .reweight import reweight_advantages
-from .config import METHODS, TrainConfig, paper_settings
 
 # ------------------------------------------------------------------------------ mapping
+
+TRL_METHODS = tuple(m for m in METHODS if m not in ("clip_cov", "kl_cov"))     # not in TRL 1.16
 
 # (our TrainConfig field, TRL GRPOConfig argument, the rule). `trl_grpo_args` implements it.
 TRL_MAPPING = (
@@ -73,7 +75,7 @@ TRL_MAPPING = (
     ("autocast_bf16", "bf16", "bf16 autocast around the forward passes, float32 weights"),
     ("gradient_checkpointing", "gradient_checkpointing", ""),
     ("seed", "seed", "the random streams differ from ours (sampler, prompt order)"),
-    ("device='cpu' (or 'auto' without CUDA)", "use_cpu=True", "as trainer.resolve_device"),
+    ("device='cpu' (or 'auto' without CUDA)", "use_cpu=True", "as plumbing.resolve_device"),
 )
 
 # Our settings with no TRL argument, and what the subclass does about each.
@@ -83,6 +85,7 @@ NOT_IN_TRL = {
     "lopti_order": "LoptiGRPOTrainer(lopti_order=...)",
     "recompute_old_logprobs": "always on in the subclass (pi_old by a teacher-forced forward)",
     "adv_eps = 1e-6, equal groups -> 0": "LoptiGRPOTrainer(paper_advantages=True)",
+    "loss_agg_mode='seq-mean-token-mean'": "not mapped (TRL's 'dapo' is the token-mean)",
     "k3 clamp [-10, 10], its log-ratio clamp [-5, 5] (kl_log_ratio_clamp), the ratio's [-20, 20]":
         "not expressible without copying _compute_loss",
     "estimator='reinforce_pp'": "not mapped (GRPO advantages only)",
@@ -112,12 +115,13 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
     """
     if cfg.estimator != "grpo":
         raise ValueError("only the GRPO advantage estimator is mapped onto TRL")
-    if cfg.method in ("clip_cov", "kl_cov"):
+    if cfg.method not in TRL_METHODS:
         raise ValueError(f"method {cfg.method!r} is not in TRL 1.16 (NOT_IN_TRL)")
     if cfg.method == "cispo" and cfg.cispo_eps_low < 1.0:
         raise ValueError("TRL's cispo has no lower bound on the IS weight: cispo_eps_low must be 1")
-    if cfg.grad_accum != "global":
-        raise ValueError("only grad_accum='global' (TRL loss_type='dapo') is mapped onto TRL")
+    if cfg.grad_accum != "global" or cfg.loss_agg_mode != "token-mean":
+        raise ValueError("only grad_accum='global' with the token-mean (TRL loss_type='dapo') is "
+                         "mapped onto TRL")
     if cfg.uses_lopti and cfg.ppo_epochs != 1:
         raise ValueError("Lopti on TRL uses num_iterations=2 for its two stages: ppo_epochs must be 1")
     if not cfg.clip_c > 1.0 + cfg.eps_high:
@@ -140,7 +144,8 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         mask_truncated_completions=False,
         # optimisation
         learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=cfg.weight_decay, adam_beta1=0.9, adam_beta2=0.999, optim="adamw_torch",
+        weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_betas[0], adam_beta2=cfg.adam_betas[1],
+        optim="adamw_torch",
         max_grad_norm=cfg.grad_clip,
         # the objective (paper Eq. 1 with the reference's settings)
         epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, delta=cfg.clip_c, beta=cfg.kl_coef,
@@ -178,8 +183,9 @@ class LoptiGRPOTrainer(GRPOTrainer):
 
     method       "grpo" | "ar" | "lopti" | "ar_lopti" | "entropy_top" | "cispo" (the last two
                  must agree with args: make_trl_config sets them). alpha / eta default to the paper's
-                 K&K setting of the method (`trainer.paper_settings`: AR alone alpha 0.2,
-                 Lopti alone eta 0.4, AR+Lopti alpha 0.3, eta 0.5).
+                 K&K setting of the method (`config.paper_settings`: AR alone alpha 0.2,
+                 Lopti alone eta 0.4, AR+Lopti alpha 0.3, eta 0.5); None where the method
+                 does not use them.
     lopti_order  "low_first" (Algorithm 1) | "high_first" (the paper's reversed ablation).
     paper_advantages  recompute A = (r - mean) / (std + 1e-6), equal groups 0 (choice 5).
 
@@ -191,17 +197,15 @@ class LoptiGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, method: str = "ar_lopti", alpha: float | None = None,
                  eta: float | None = None, lopti_order: str = "low_first",
                  paper_advantages: bool = True, **kwargs):
-        if method not in METHODS or method in ("clip_cov", "kl_cov"):
-            raise ValueError(f"unknown method {method!r} for TRL: choose one of "
-                             f"{', '.join(m for m in METHODS if m not in ('clip_cov', 'kl_cov'))}")
-        if lopti_order not in ("low_first", "high_first"):
+        if method not in TRL_METHODS:
+            raise ValueError(f"unknown method {method!r} for TRL: choose one of {', '.join(TRL_METHODS)}")
+        if lopti_order not in LOPTI_ORDERS:
             raise ValueError(f"lopti_order must be low_first or high_first, got {lopti_order!r}")
         paper = paper_settings(method)
         self.method = method
-        self.alpha = paper["alpha"] if alpha is None else float(alpha)
-        self.eta = paper["eta"] if eta is None else float(eta)
-        self.uses_ar = method in ("ar", "ar_lopti")
-        self.uses_lopti = method in ("lopti", "ar_lopti")
+        self.uses_ar, self.uses_lopti = uses_ar(method), uses_lopti(method)
+        self.alpha = (paper["alpha"] if alpha is None else float(alpha)) if self.uses_ar else None
+        self.eta = (paper["eta"] if eta is None else float(eta)) if self.uses_lopti else None
         self.lopti_order = lopti_order
         self.paper_advantages = paper_advantages
         self._last_rewards_per_func = None
@@ -265,8 +269,8 @@ class LoptiGRPOTrainer(GRPOTrainer):
             start = self.accelerator.process_index * n        # this process's rows
             adv = group_advantages(r, self.num_generations).to(adv.device)[start:start + n]
         if self.uses_ar:
-            # [B] -> [B, T]; padding keeps a finite weight but is masked out of the loss.
-            adv = reweight_advantages(adv.unsqueeze(1) * mask, out["old_per_token_logps"], self.alpha)
+            # [B] -> [B, T], 0 on padding (and on tool tokens), as our trainer's
+            adv = reweight_advantages(token_advantages(adv, mask), out["old_per_token_logps"], self.alpha)
         out["advantages"] = adv
         return out
 

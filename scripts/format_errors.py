@@ -7,7 +7,7 @@ For every response that scores -3 (reward.py: a tag missing or repeated; here al
 response cut at the length cap) it finds the first search line ("try ...") written a
 second time and asks whether the node tried just before was all-knave ("=F" for everyone
 in it): the last node of the depth-first search (explain.compact_trace), so the search had
-run out of candidates.  docs/RL_FROM_DERIVE.md quotes the count for the stage-1 warm start.
+run out of candidates.
 """
 import argparse
 import collections

@@ -20,7 +20,7 @@ Design choices:
    per step than the preset (default one rollout chunk) keep the check to minutes; the
    peak memory does not depend on the number of chunks (they are sampled one at a time).
 3. What it prints: per step the seconds of sampling and of the update; the peak GPU memory
-   (torch.cuda.max_memory_allocated) against trainer.memory_estimate_gb for this shape;
+   (torch.cuda.max_memory_allocated) against plumbing.memory_estimate_gb for this shape;
    the first ratio (fresh samples: it must be exactly 1); whether the weights moved (at
    lr 1e-6: float32 master weights or stochastic rounding must keep the update).
 """
@@ -78,17 +78,16 @@ def first_weight(path: Path):
 def run(a) -> dict:
     import torch
     from lopti_minimal import trainer
-    from lopti_minimal.precision import PrecisionError, check_hardware
-    preset = trainer.make_config(a.preset, device=a.device)
-    try:
-        check_hardware(preset)                 # no CUDA, or no bf16: say so before building
-    except PrecisionError as e:
-        raise trainer.TrainError(str(e)) from None
+    from lopti_minimal.config import make_config
+    from lopti_minimal.plumbing import memory_estimate_gb
+    from lopti_minimal.precision import check_hardware, master_dtype
+    preset = make_config(a.preset, device=a.device)
+    check_hardware(preset)                 # no CUDA, or no bf16: say so (a TrainError) before building
     shape = a.shape or PRESET_SHAPES[a.preset]
     with tempfile.TemporaryDirectory() as tmp:
         mdir, rdir = Path(tmp) / "model", Path(tmp) / "run"
         arch = build_model(shape, mdir)
-        cfg = trainer.make_config(
+        cfg = make_config(
             a.preset, model=str(mdir), device=a.device, steps=a.steps,
             prompts_per_step=a.prompts_per_step or preset.rollout_chunk,
             max_new_tokens=a.max_new_tokens, max_prompt_len=1024, rl_sizes=(3,), rl_per_size=64,
@@ -100,13 +99,13 @@ def run(a) -> dict:
         out = trainer.train(cfg, log=lambda s: print(s, flush=True))
         wall = time.perf_counter() - t0
         moved = float((first_weight(out["paths"]["final_model"])
-                       != first_weight(mdir).to(trainer.resolve_dtype(cfg)).float()).float().mean())
-    est = trainer.memory_estimate_gb(arch["params"], arch["layers"], arch["kv_heads"], arch["head_dim"],
-                                     arch["vocab"], rows=min(cfg.rollout_chunk or cfg.prompts_per_step,
-                                                             cfg.prompts_per_step) * cfg.group_size,
-                                     seq=cfg.max_prompt_len + cfg.max_new_tokens,
-                                     micro_batch=cfg.micro_batch_size, optimizer=cfg.optimizer,
-                                     weights=cfg.dtype, ref=cfg.ref_dtype)
+                       != first_weight(mdir).to(master_dtype(cfg)).float()).float().mean())
+    est = memory_estimate_gb(arch["params"], arch["layers"], arch["kv_heads"], arch["head_dim"],
+                             arch["vocab"], rows=min(cfg.rollout_chunk or cfg.prompts_per_step,
+                                                     cfg.prompts_per_step) * cfg.group_size,
+                             seq=cfg.max_prompt_len + cfg.max_new_tokens,
+                             micro_batch=cfg.micro_batch_size, optimizer=cfg.optimizer,
+                             weights=cfg.dtype, ref=cfg.ref_dtype)
     m = out["metrics"]
     return {"preset": a.preset, "shape": shape, "device": str(cfg.device),
             "gpu": torch.cuda.get_device_name(0) if cuda else None,
@@ -143,7 +142,7 @@ def report(r: dict) -> str:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    from lopti_minimal.trainer import TrainError
+    from lopti_minimal.config import TrainError
     try:
         r = run(a)
     except TrainError as e:

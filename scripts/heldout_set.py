@@ -8,9 +8,9 @@ accuracy near 0.5); 400 more give ~0.025.  "Seen by no run" means three exclusio
 
 1. the official test sets (always excluded by the generator);
 2. the RL prompt sets of the default run (3 people) and of the earlier default (3 and 4
-   people), as trainer.rl_prompt_set builds and caches them;
+   people), as plumbing.rl_prompt_set builds and caches them;
 3. every 3-person puzzle the warm start's training stream can have drawn.  The stream
-   (warmstart.PuzzleStream, seed 0 for every shipped checkpoint) draws chunks of 256
+   (experiments/warmstart_data.PuzzleStream, seed 0 for every shipped checkpoint) draws chunks of 256
    puzzles with generator seed `PuzzleStream._chunk_seed`, one per chunk of any size;
    we regenerate the 3-person chunk of each of the first --chunks chunk numbers (a
    superset of those the shipped runs used: ~1,200 chunks of all sizes for the 95-minute
@@ -37,7 +37,7 @@ def stream_keys(chunks: int, n: int = 3, progress: bool = True) -> set:
     warm start's stream (seed 0)."""
     from tqdm import tqdm
     from lopti_minimal.task import kk
-    from lopti_minimal.warmstart import PuzzleStream
+    from lopti_minimal.experiments.warmstart_data import PuzzleStream
     stream = PuzzleStream(seed=0, exclude=set())
     keys = set()
     for _ in tqdm(range(chunks), desc="warm-start stream", disable=not progress, file=sys.stderr):
@@ -55,15 +55,15 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
-    from lopti_minimal import trainer
+    from lopti_minimal.config import make_config
+    from lopti_minimal.plumbing import rl_prompt_set
     from lopti_minimal.task import dataset, kk
     if os.path.exists(a.out) and not a.force:
         print(f"error: {a.out} exists; pass --force to overwrite it", file=sys.stderr)
         return 2
     rl = set()
     for sizes in ((3,), (3, 4)):
-        records, path = trainer.rl_prompt_set(trainer.make_config("cpu-tiny", rl_sizes=sizes),
-                                              progress=not a.no_progress)
+        records, path = rl_prompt_set(make_config("cpu-tiny", rl_sizes=sizes), progress=not a.no_progress)
         rl |= kk.keys_of(records)
     seen = stream_keys(a.chunks, progress=not a.no_progress)
     naive = dataset.generate_records(3, a.count, seed=a.seed, exclude=kk.official_keys() | rl)

@@ -84,7 +84,7 @@ def study_table(out: Path, prompts: int, group_size: int, seed: int, log=print) 
     """Measure the warm start and every finished run of a study folder; per-method table."""
     import numpy as np
     from lopti_minimal.experiments.grid import GRPO, HELDOUT_FILE, Variant
-    from lopti_minimal.experiments.report import find_runs
+    from lopti_minimal.experiments.aggregate import find_runs
     from lopti_minimal.experiments.stats import mean_ci, paired_diff
     from lopti_minimal.runs import saved_config
     done, _ = find_runs(out)
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="HF folder, or a run directory (its final policy)")
-    src.add_argument("--study", help="a study folder (python -m lopti_minimal.study --out)")
+    src.add_argument("--study", help="a study folder (python -m lopti_minimal.experiments.study --out)")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=424243)

@@ -1,9 +1,10 @@
 """Before/after tables of RL runs from their folders, and one plot of their training curves
-(the README's and docs/TWO_BEHAVIOURS.md's tables are this script's output).
+(the README's before/after tables are this script's output).
 
-    python scripts/rl_summary.py --before results/warmstart/tiny-warm \\
-        results/rl-default/tiny-warm-s0 results/rl-default/tiny-warm-s1 results/rl-default/tiny-warm-s2 \\
-        --reference results/warmstart/tiny-derive --plot /tmp/seeds.png
+    python scripts/rl_summary.py --before WARM_START RUN [RUN ...] [--reference OTHER] [--plot FILE]
+
+WARM_START is the folder of the starting policy's evaluations, each RUN the folder of an RL
+run (train.py's run directory, or a copy of its files), OTHER a folder shown for comparison.
 
 Every folder is read for the files the docs' commands write, and a column a folder lacks
 stays empty:
@@ -15,7 +16,7 @@ stays empty:
   ``eval_official3_k4.json`` (``--sizes 3 --samples 4``, T 0.7) and ``eval_heldout3_k2.json``
   (``--data data/heldout3.jsonl --samples 2``);
 - ``metrics.jsonl`` (an RL run's per-step log): the share of derivations at the first and
-  last step and the first step where it reaches 0.8 (``report.selection``), the share of
+  last step and the first step where it reaches 0.8 (``aggregate.selection``), the share of
   sampled tokens with pi_old < eta (``low_fraction``: what Lopti's first stage updates);
 - ``token_bins.json`` (``scripts/token_bins.py``): the share of sampled tokens with
   pi_old < 0.5.
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lopti_minimal.experiments.report import selection  # noqa: E402
+from lopti_minimal.experiments.aggregate import selection  # noqa: E402
 from lopti_minimal.plots import plot_runs  # noqa: E402
 
 SIZES = ("3", "4", "5", "6", "7")

@@ -15,7 +15,7 @@ target token.  Each target token is attributed to the kind of line it sits on:
 
 Printed per size: tokens, wrong tokens and mean negative log-likelihood per kind, and in
 how many puzzles the *first* wrong token lies on each kind (where greedy decoding would
-first leave the target).  docs/RL_FROM_DERIVE.md quotes this for the shipped checkpoint.
+first leave the target).
 """
 import argparse
 import collections
@@ -25,7 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lopti_minimal import warmstart  # noqa: E402
+from lopti_minimal.experiments import warmstart_data  # noqa: E402
 from lopti_minimal.models import load_model_and_tokenizer  # noqa: E402
 from lopti_minimal.task import kk  # noqa: E402
 
@@ -61,8 +61,8 @@ def errors_for(model, tokenizer, records: list[dict]):
     puzzles whose first wrong token lies on that kind."""
     tokens, wrong, nll, first = (collections.Counter() for _ in range(4))
     for r in records:
-        ids, n_prompt = warmstart.encode_example(tokenizer, warmstart.default_prompt(r),
-                                                 warmstart.default_response(r))
+        ids, n_prompt = warmstart_data.encode_example(tokenizer, warmstart_data.default_prompt(r),
+                                                      warmstart_data.default_response(r))
         x = torch.tensor([ids])
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(x).logits.float()[0, n_prompt - 1:-1]    # predictions of the response

@@ -31,17 +31,16 @@ def measure(model, tokenizer, prompts: int = 32, group_size: int = 8, people: in
     from lopti_minimal.task import dataset, kk
     from lopti_minimal.task.behaviours import DERIVE, behaviour_of
     from lopti_minimal.experiments.diagnostics import (PAPER_FIG1, DiagConfig, bin_masks, collect_batch,
-                                           grpo_config, token_shares)
-    from lopti_minimal.grpo import batch_from_rollout, batch_logprobs
+                                                       token_shares, update_config)
+    from lopti_minimal.grpo import batch_logprobs
 
     cfg = DiagConfig(prompts=prompts, group_size=group_size, max_new_tokens=max_new_tokens,
                      temperature=temperature, people=people, seed=seed, micro_batch_size=16)
     records = dataset.generate_records(people, prompts, seed=seed, exclude=kk.official_keys())
     with torch.no_grad():
         ro, rewards, adv, texts = collect_batch(model, tokenizer, records, cfg)
-        batch = batch_from_rollout(ro, adv)
-        logp = batch_logprobs(model, batch, grpo_config(cfg, batch["input_ids"].shape[0]))
-    valid = batch["response_mask"]
+        logp = batch_logprobs(model, ro, update_config(cfg, ro.input_ids.shape[0]))
+    valid = ro.response_mask
     p = logp.exp() * valid
     derive = torch.tensor([behaviour_of(t) == DERIVE for t in texts]).unsqueeze(1).to(valid)
 

@@ -8,10 +8,10 @@ reward, our settings, TRL's training loop (generation, accelerate, DeepSpeed, lo
     accelerate launch --config_file configs/accelerate_1gpu.yaml scripts/train_trl.py \
         --preset qwen2.5-0.5b --model /path/to/Qwen2.5-0.5B-Instruct     # docs/GPU.md: Scaling out
 
-What is the same as `train.py` (trainer.rl_step): the RL prompt set (trainer.rl_prompt_set,
+What is the same as `train.py` (trainer.rl_step): the RL prompt set (plumbing.rl_prompt_set,
 official test puzzles excluded), the prompt text (models.kk_prompt), the reward
 (reward.score_response(...).total, the Logic-RL reward), the method and its paper settings
-(trainer.paper_settings: AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti 0.3 / 0.5), and
+(config.paper_settings: AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti 0.3 / 0.5), and
 every optimisation setting of the preset, mapped onto TRL by trl_grpo.trl_grpo_args (the
 table and what TRL cannot express are in that module). What differs: TRL samples with
 transformers `generate` and its own random stream and prompt order, and it has no final
@@ -35,10 +35,10 @@ sys.path.insert(0, ROOT)
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--preset", default="cpu-tiny", help="trainer preset (lopti_minimal/trainer.py)")
+    ap.add_argument("--preset", default="cpu-tiny", help="preset (lopti_minimal/config.py)")
     ap.add_argument("--model", help="model folder (default: the preset's)")
     ap.add_argument("--method", default="ar_lopti",
-                    choices=["grpo", "ar", "lopti", "ar_lopti", "entropy_top", "cispo"],
+                    choices=["grpo", "ar", "lopti", "ar_lopti", "entropy_top", "cispo"],   # trl_grpo.TRL_METHODS
                     help="entropy_top and cispo: TRL's top_entropy_quantile / loss_type='cispo' "
                          "(docs/TOKEN_FIXES.md)")
     ap.add_argument("--alpha", type=float, help="AR strength (default: the paper's for the method)")
@@ -64,18 +64,20 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from datasets import Dataset
 
-    from lopti_minimal import models, trainer as T
+    from lopti_minimal import models, plumbing
+    from lopti_minimal.config import config_to_json, make_config
+    from lopti_minimal.runs import RUNS_ROOT
     from lopti_minimal.models import kk_prompt
     from lopti_minimal.task.reward import score_response
     from lopti_minimal.trl_grpo import LoptiGRPOTrainer, make_trl_config
 
-    cfg = T.make_config(args.preset, model=args.model, method=args.method, alpha=args.alpha,
+    cfg = make_config(args.preset, model=args.model, method=args.method, alpha=args.alpha,
                         eta=args.eta, lopti_order=args.lopti_order, steps=args.steps,
                         prompts_per_step=args.prompts, group_size=args.group_size,
                         max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size,
                         lr=args.lr, seed=args.seed, threads=args.threads, device=args.device,
                         progress=False, plots=False, final_eval=False)
-    out = args.out or os.path.join(ROOT, "runs", f"trl-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.preset}-"
+    out = args.out or os.path.join(RUNS_ROOT, f"trl-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.preset}-"
                                                  f"{cfg.method}-s{cfg.seed}")
     os.makedirs(out, exist_ok=True)
 
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
         tok.pad_token = tok.eos_token          # as models.load_model_and_tokenizer
     tok.padding_side = "left"
     # Our prompt set and prompt text; prompts over max_prompt_len are dropped as in train.py.
-    records, _ = T.rl_prompt_set(cfg, progress=False)
+    records, _ = plumbing.rl_prompt_set(cfg, progress=False)
     records, prompt_ids = models.encode_prompts(records, tok, cfg.prompt_style, cfg.max_prompt_len)
     texts = [kk_prompt(r, tok, cfg.prompt_style) for r in records]
     # TRL tokenizes a text prompt with tokenizer(text): check it gives the ids we sample from.
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
         """The Logic-RL reward of each completion (text after the prompt's "<think>")."""
         return [float(score_response(c, json.loads(r)).total) for c, r in zip(completions, kk_record)]
 
-    use_cpu = T.resolve_device(cfg).type == "cpu"
+    use_cpu = plumbing.resolve_device(cfg).type == "cpu"
     # Under `accelerate launch` (configs/*.yaml) every process runs this script; our batch
     # sizes are global and trl_grpo_args divides them among the processes.
     n_proc = int(os.environ.get("WORLD_SIZE", "1"))
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
         for row in trainer.state.log_history:
             f.write(json.dumps(row) + "\n")
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"ours": T.config_to_json(cfg), "trl": targs.to_dict()}, f, indent=1, default=str)
+        json.dump({"ours": config_to_json(cfg), "trl": targs.to_dict()}, f, indent=1, default=str)
     rewards = [r["reward"] for r in trainer.state.log_history if "reward" in r]
     print(f"done in {time.perf_counter() - t0:.0f}s; mean reward per logged step: "
           + " ".join(f"{r:+.2f}" for r in rewards))

@@ -1,17 +1,17 @@
 """Two or more warm starts' evaluations side by side, step by step (markdown table).
 
-    python scripts/warmstart_curves.py checkpoints/tiny-derive-stage1 checkpoints/tiny-warm-stage1
-    python scripts/warmstart_curves.py checkpoints/tiny-derive-stage1 runs/phrased-stage1.resume
+    python scripts/warmstart_curves.py CHECKPOINT [CHECKPOINT ...]      # e.g. checkpoints/tiny-warm-stage1
+    python scripts/warmstart_curves.py CHECKPOINT OUT.resume            # and a run still going
 
 Each argument is a warm-start checkpoint folder (or its warmstart.json; the OUT.resume folder
 of a run still going holds every evaluation so far): the `history` the
-warm start records at every periodic evaluation (warmstart.warm_start: greedy accuracy on
+warm start records at every periodic evaluation (experiments/warmstart.py: greedy accuracy on
 the first --eval-per-size official puzzles and on the --heldout-per-size generated
 held-out puzzles, per size in `eval_sizes`) and at the final one.  Rows are matched by
 the evaluation's position in the history, so two runs evaluated every N steps line up;
 the step and the minutes of each run are printed next to its figures, so a mismatch is
-visible.  Why it exists: to compare a candidate warm start with an earlier one at equal
-steps (docs/TWO_BEHAVIOURS.md, "phrasing learned from the start").
+visible.  Why it exists: to compare a candidate warm start with another at equal steps
+(e.g. phrased derivations learned from the start against canonical ones).
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def tiny_warm(tmp_path_factory, kk_tokenizer):
     0.75 and the search decisions and truth values often below 0.25 -- what the per-bin
     gradient tests need.  Deterministic for its seed; eval mode, float32."""
     from lopti_minimal.models import load_model_and_tokenizer
-    from lopti_minimal.warmstart import WarmStartConfig, warm_start
+    from lopti_minimal.experiments.warmstart import WarmStartConfig, warm_start
 
     out = str(tmp_path_factory.mktemp("tiny_warm") / "ckpt")
     cfg = WarmStartConfig(preset="nano", out=out, steps=TINY_WARM_STEPS, lr=1e-2, warmup_steps=20,
@@ -114,6 +114,29 @@ def tiny_llama(seed=0, init=0.4):
                       max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
                       pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
     return LlamaForCausalLM(cfg)
+
+
+def update_batch(rollout, advantages, ref=None, cfg=None):
+    """A sampled Rollout made ready for grpo_update / lopti_update: its token advantages
+    ([B] per response is spread over the tokens) and, with ``ref`` (a frozen model, or its
+    log-probs [B, R]), the reference log-probs of the KL term, computed with ``cfg``."""
+    import dataclasses
+    from lopti_minimal.config import TrainConfig
+    from lopti_minimal.grpo import token_advantages
+    if advantages is not None and advantages.dim() == 1:
+        advantages = token_advantages(advantages, rollout.response_mask)
+    b = dataclasses.replace(rollout, advantages=advantages)
+    return with_ref(b, ref, cfg or TrainConfig())
+
+
+def with_ref(batch, ref, cfg):
+    """``batch`` with the reference log-probs of ``ref``: a model (computed with ``cfg``'s
+    temperature and micro-batches), a tensor (taken as they are), or None (unchanged)."""
+    import dataclasses
+    from lopti_minimal.grpo import batch_logprobs
+    if ref is None:
+        return batch
+    return dataclasses.replace(batch, ref_logprobs=ref if torch.is_tensor(ref) else batch_logprobs(ref, batch, cfg))
 
 
 def ref_eval(s, x):

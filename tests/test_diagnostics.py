@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lopti_minimal.config import PAPER_METHODS
 from lopti_minimal.experiments import diagnostics as D
 from lopti_minimal.sampling import Rollout
 
@@ -109,9 +110,8 @@ def test_gradient_norms_equal_the_analytic_softmax_head():
     torch.manual_seed(0)
     model = Bigram()
     ro = make_rollout([[1, 2], [3, 4]], [[5, 0, 3], [2, 2]], group_size=2)
-    batch = D.batch_from_rollout(ro, torch.zeros(2))
     chosen = [(0, 0), (0, 2), (1, 1)]
-    hidden, params = D.gradient_norms(model, batch, 0.7, chosen)
+    hidden, params = D.gradient_norms(model, ro, 0.7, chosen)
     for b, t in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]:
         x = int(ro.input_ids[b, ro.prompt_len + t - 1])      # the token before o_t
         y = int(ro.input_ids[b, ro.prompt_len + t])
@@ -268,6 +268,6 @@ def test_cli_writes_json_and_figures(tmp_path, kk_tokenizer):
     res = json.loads((out / "diagnostics.json").read_text())
     assert sum(res["bin_counts"]) == res["n_tokens"] > 0
     assert set(res["fig3"]) == {"sgd", "adamw"}
-    assert set(res["fig3"]["sgd"]) == set(D.METHODS)
+    assert set(res["fig3"]["sgd"]) == set(PAPER_METHODS)
     for f in ("fig1.png", "fig3.png"):
         assert os.path.getsize(out / f) > 1000

@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from conftest import ROOT, load_script
-from lopti_minimal import models, trainer
+from lopti_minimal import models, precision, trainer
 from lopti_minimal.task import kk
-from lopti_minimal.trainer import make_config
+from lopti_minimal.config import make_config
 
 GPU_PRESETS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 
@@ -48,7 +48,6 @@ def test_gpu_preset_code_path_runs_one_step_on_cpu(preset, qwen_dir, tmp_path, e
         assert getattr(cfg, k) == getattr(ref, k) or k == "device", k
     assert ref.device == "cuda" and cfg.micro_batch_size == 1 and cfg.gradient_checkpointing
 
-    from lopti_minimal import precision
     freed = []
     real_free = precision.free_memory
     monkeypatch.setattr(precision, "free_memory", lambda d: (freed.append(str(d)), real_free(d)))
@@ -65,7 +64,7 @@ def test_gpu_preset_code_path_runs_one_step_on_cpu(preset, qwen_dir, tmp_path, e
     before = load_file(qwen_dir / "model.safetensors")
     after = load_file(Path(out["paths"]["final_model"]) / "model.safetensors")
     w = "model.layers.0.mlp.up_proj.weight"
-    assert after[w].dtype == trainer.resolve_dtype(cfg)
+    assert after[w].dtype == precision.master_dtype(cfg)
     assert not torch.equal(after[w].float(), before[w].to(after[w].dtype).float())
     assert time.perf_counter() - t0 < 60
 

@@ -2,16 +2,18 @@
 masks, gradient accumulation, the k3 KL)."""
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from lopti_minimal.grpo import (GRPOConfig, agg_loss, batch_from_rollout, group_advantages,
-                                grpo_update, kl_k3, reference_adamw, policy_loss,
+from lopti_minimal.config import TrainConfig
+from lopti_minimal.grpo import (agg_loss, group_advantages, grpo_update, kl_k3, policy_loss,
                                 sort_by_length, token_logprobs)
+from lopti_minimal.precision import build_optimizer
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
-from conftest import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama, update_batch, with_ref
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
 G = 4
 
@@ -40,7 +42,7 @@ def rollout_batch(model, seed=0, temperature=0.7):
                       eos_token_id=EOS, pad_token_id=PAD,
                       generator=torch.Generator().manual_seed(seed))
     rewards = torch.tensor([3.0, -0.5, -1.0, 3.0,  -3.0, -3.0, -3.0, -3.0,  3.0, -1.0, -0.5, -0.5])
-    return r, batch_from_rollout(r, group_advantages(rewards, G))
+    return r, update_batch(r, group_advantages(rewards, G))
 
 
 # ------------------------------------------------------------------ advantages
@@ -125,17 +127,17 @@ def test_kl_k3_log_ratio_clamp_value_and_gradient(d):
 
 
 def test_kl_clamp_reaches_the_update():
-    """GRPOConfig.kl_log_ratio_clamp is the clamp grpo_update's KL term uses: with zero
+    """TrainConfig.kl_log_ratio_clamp is the clamp grpo_update's KL term uses: with zero
     advantages and pi_ref's log-probs 8 below pi_theta's on every token (d = -8), the
     fork's clamp (5, the default) leaves the KL term without gradient, current verl's (20)
     pulls every token back, and a clamp of 9 pulls as 20 does."""
-    assert GRPOConfig().kl_log_ratio_clamp == 5.0
+    assert TrainConfig().kl_log_ratio_clamp == 5.0
     model = tiny_llama()
     r, b = rollout_batch(model)
-    b["advantages"] = torch.zeros_like(b["advantages"])
-    ref_logp = (b["old_logprobs"] - 8.0) * b["response_mask"]
-    grads = {c: _grad(model, b, GRPOConfig(mini_batch_size=12, micro_batch_size=4,
-                                           kl_log_ratio_clamp=c), ref_logp) for c in (5.0, 9.0, 20.0)}
+    b = replace(b, advantages=torch.zeros_like(b.advantages))
+    ref_logp = (b.old_logprobs - 8.0) * b.response_mask
+    grads = {c: _grad(model, b, TrainConfig(mini_batch_size=12, micro_batch_size=4,
+                                            kl_log_ratio_clamp=c), ref_logp) for c in (5.0, 9.0, 20.0)}
     assert grads[5.0].abs().max() == 0
     assert grads[20.0].abs().max() > 1e-4
     assert torch.allclose(grads[9.0], grads[20.0])
@@ -168,21 +170,21 @@ def test_ratio_exactly_one_at_first_update():
     model = tiny_llama()
     r, b = rollout_batch(model)
     ref = copy.deepcopy(model)
-    cfg = GRPOConfig(lr=1e-3, mini_batch_size=len(b["input_ids"]), micro_batch_size=5)
-    m = grpo_update(model, ref, reference_adamw(model, cfg), b, cfg)
+    cfg = TrainConfig(lr=1e-3, mini_batch_size=len(b.input_ids), micro_batch_size=5)
+    m = grpo_update(model, build_optimizer(model, cfg), with_ref(b, ref, cfg), cfg)
     assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
     assert m["clip_frac"] == 0 and m["n_steps"] == 1
     # KL against an identical frozen reference is zero
     assert m["kl"] < 1e-8
     # ... and the update really moved the policy: a second pass sees ratios != 1
-    m2 = grpo_update(model, ref, reference_adamw(model, cfg), b, cfg)
+    m2 = grpo_update(model, build_optimizer(model, cfg), with_ref(b, ref, cfg), cfg)
     assert max(abs(m2["ratio_min"] - 1), abs(m2["ratio_max"] - 1)) > 1e-3
     assert m2["kl"] > 0
 
 
 def _grad(model, b, cfg, ref=None, **kw):
     opt = GradRecorder(model.parameters())
-    grpo_update(model, ref, opt, b, cfg, **kw)
+    grpo_update(model, opt, with_ref(b, ref, cfg), cfg, **kw)
     return flat(opt.grads[0])
 
 
@@ -190,23 +192,23 @@ def _grad(model, b, cfg, ref=None, **kw):
 def test_micro_batches_reproduce_whole_batch_gradient(mode):
     model = tiny_llama()
     r, b = rollout_batch(model)
-    B = len(b["input_ids"])
+    B = len(b.input_ids)
     lengths = r.response_mask.sum(1)
     assert lengths.min() < lengths.max()          # unequal lengths make the test bite
     # A perturbed reference so that the KL term has a gradient too.
     ref = tiny_llama(seed=1)
-    whole = GRPOConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=B, loss_agg_mode=mode,
-                       grad_clip=1e9)
-    micro = GRPOConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=5, loss_agg_mode=mode,
-                       grad_clip=1e9)
+    whole = TrainConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=B, loss_agg_mode=mode,
+                        grad_clip=1e9)
+    micro = TrainConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=5, loss_agg_mode=mode,
+                        grad_clip=1e9)
     g_whole = _grad(model, b, whole, ref)
     g_micro = _grad(model, b, micro, ref)
     assert (g_whole - g_micro).abs().max() <= 1e-5 * g_whole.abs().max()
     if mode == "token-mean":
         # The reference's mean of per-micro-batch token-means differs when micro-batches
         # hold different numbers of tokens (the reason "global" is the default).
-        verl = GRPOConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=5,
-                          loss_agg_mode=mode, grad_clip=1e9, grad_accum="verl")
+        verl = TrainConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=5,
+                           loss_agg_mode=mode, grad_clip=1e9, grad_accum="verl")
         g_verl = _grad(model, b, verl, ref)
         assert (g_whole - g_verl).abs().max() > 1e-2 * g_whole.abs().max()
 
@@ -243,36 +245,39 @@ def test_sorting_rows_by_length_changes_only_the_order():
     (where micro-batch composition matters) it leaves the batch alone."""
     model = tiny_llama()
     r, b = rollout_batch(model)
-    # longest first, so that sorting has something to do
-    b = {k: (v.flip(0) if torch.is_tensor(v) and v.dim() else v) for k, v in b.items()}
-    cfg = GRPOConfig(kl_coef=0.1, mini_batch_size=6, micro_batch_size=3, grad_clip=1e9)
-    sb, order = sort_by_length(b, cfg)
+    # longest first, so that sorting has something to do; each row's advantage names it
+    b = b.rows(torch.arange(11, -1, -1))
+    b = replace(b, advantages=(torch.arange(12.0)[:, None] + 1) * b.response_mask / 12)
+    cfg = TrainConfig(kl_coef=0.1, mini_batch_size=6, micro_batch_size=3, grad_clip=1e9)
+    sb = sort_by_length(b, cfg)
+    order = (sb.advantages[:, 0] * 12 - 1).round().long()
+    assert torch.equal(sb.input_ids, b.input_ids[order])
     assert sorted(order[:6].tolist()) == list(range(6))
     assert sorted(order[6:].tolist()) == list(range(6, 12))
-    lens = sb["response_mask"].sum(1)
+    lens = sb.response_mask.sum(1)
     assert (lens[:6].diff() >= 0).all() and (lens[6:].diff() >= 0).all()
     assert not torch.equal(order, torch.arange(12))        # the test bites
     ref = tiny_llama(seed=1)
     grads = []
     for batch in (b, sb):
         opt = GradRecorder(model.parameters())
-        grpo_update(model, ref, opt, batch, cfg)
+        grpo_update(model, opt, with_ref(batch, ref, cfg), cfg)
         grads.append([flat(g) for g in opt.grads])
     assert len(grads[0]) == 2
     for ga, gb in zip(*grads):
         assert (ga - gb).abs().max() <= 1e-5 * ga.abs().max()
-    verl = GRPOConfig(grad_accum="verl")
-    assert sort_by_length(b, verl)[0] is b
+    verl = TrainConfig(grad_accum="verl")
+    assert sort_by_length(b, verl) is b
 
 
 def test_mini_batches_make_separate_optimizer_steps():
     model = tiny_llama()
     r, b = rollout_batch(model)
     torch.manual_seed(0)
-    b["advantages"] = torch.randn(12, 1) * r.response_mask
-    cfg = GRPOConfig(mini_batch_size=4, micro_batch_size=2)
+    b = replace(b, advantages=torch.randn(12, 1) * r.response_mask)
+    cfg = TrainConfig(mini_batch_size=4, micro_batch_size=2)
     opt = GradRecorder(model.parameters(), lr=1.0)
-    m = grpo_update(model, copy.deepcopy(model), opt, b, cfg)
+    m = grpo_update(model, opt, with_ref(b, copy.deepcopy(model), cfg), cfg)
     assert m["n_steps"] == 3 and len(opt.grads) == 3
     assert m["ratio_max"] > 1 + 1e-4 or m["ratio_min"] < 1 - 1e-4   # later steps see moves
 
@@ -284,12 +289,12 @@ def test_two_ppo_epochs_are_two_steps_the_second_from_the_moved_policy():
     model = tiny_llama()
     r, b = rollout_batch(model)
     torch.manual_seed(0)
-    b["advantages"] = torch.randn(12, 1) * r.response_mask
+    b = replace(b, advantages=torch.randn(12, 1) * r.response_mask)
     one, two = copy.deepcopy(model), copy.deepcopy(model)
     opt1 = GradRecorder(one.parameters(), lr=0.5)
     opt2 = GradRecorder(two.parameters(), lr=0.5)
-    m1 = grpo_update(one, copy.deepcopy(model), opt1, b, GRPOConfig(kl_coef=0.0))
-    m2 = grpo_update(two, copy.deepcopy(model), opt2, b, GRPOConfig(kl_coef=0.0, ppo_epochs=2))
+    m1 = grpo_update(one, opt1, b, TrainConfig(kl_coef=0.0))
+    m2 = grpo_update(two, opt2, b, TrainConfig(kl_coef=0.0, ppo_epochs=2))
     assert (m1["n_steps"], m2["n_steps"]) == (1, 2)
     assert torch.equal(flat(opt1.grads[0]), flat(opt2.grads[0]))         # same first step
     assert not torch.allclose(flat(opt2.grads[1]), flat(opt2.grads[0]))  # taken elsewhere
@@ -299,20 +304,17 @@ def test_two_ppo_epochs_are_two_steps_the_second_from_the_moved_policy():
 def test_padding_is_ignored_and_eos_is_trained():
     model = tiny_llama()
     r, b = rollout_batch(model)
-    cfg = GRPOConfig(kl_coef=0.1, mini_batch_size=12, micro_batch_size=12)
+    cfg = TrainConfig(kl_coef=0.1, mini_batch_size=12, micro_batch_size=12)
     ref = tiny_llama(seed=1)
     g = _grad(model, b, cfg, ref)
     pad = r.response_mask == 0
     assert pad.any()
-    junk = dict(b)
-    junk["advantages"] = torch.where(pad, torch.full_like(b["advantages"], 7.0), b["advantages"])
-    junk["old_logprobs"] = torch.where(pad, torch.full_like(b["old_logprobs"], -3.0),
-                                       b["old_logprobs"])
+    junk = replace(b, advantages=torch.where(pad, torch.full_like(b.advantages, 7.0), b.advantages),
+                   old_logprobs=torch.where(pad, torch.full_like(b.old_logprobs, -3.0), b.old_logprobs))
     assert torch.equal(_grad(model, junk, cfg, ref), g)       # padding never counts
     eos = (r.response_ids == EOS) & (r.response_mask > 0)
     assert eos.any()
-    moved = dict(b)
-    moved["advantages"] = torch.where(eos, b["advantages"] + 5.0, b["advantages"])
+    moved = replace(b, advantages=torch.where(eos, b.advantages + 5.0, b.advantages))
     assert not torch.allclose(_grad(model, moved, cfg, ref), g)   # the sampled EOS does
 
 
@@ -322,18 +324,17 @@ def test_pad_equal_to_eos_end_to_end():
     r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=0.7,
                       eos_token_id=EOS, pad_token_id=EOS,
                       generator=torch.Generator().manual_seed(0))
-    b = batch_from_rollout(r, torch.zeros(len(r.input_ids)))
     eos = (r.response_ids == EOS) & (r.response_mask > 0)
     assert eos.any() and ((r.response_ids == EOS) & (r.response_mask == 0)).any()
-    b["advantages"] = eos.float()                     # only the EOS tokens have advantage
-    cfg = GRPOConfig(kl_coef=0.0, mini_batch_size=12, micro_batch_size=12)
+    b = update_batch(r, eos.float())                  # only the EOS tokens have advantage
+    cfg = TrainConfig(kl_coef=0.0, mini_batch_size=12, micro_batch_size=12)
     assert _grad(model, b, cfg).norm() > 0
 
 
 def test_zero_advantages_and_identical_ref_give_zero_gradient():
     model = tiny_llama()
     r, b = rollout_batch(model)
-    b["advantages"] = torch.zeros_like(b["advantages"])
-    cfg = GRPOConfig(mini_batch_size=12, micro_batch_size=4)
+    b = replace(b, advantages=torch.zeros_like(b.advantages))
+    cfg = TrainConfig(mini_batch_size=12, micro_batch_size=4)
     g = _grad(model, b, cfg, copy.deepcopy(model))
     assert g.abs().max() < 1e-6

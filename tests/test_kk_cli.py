@@ -1,4 +1,4 @@
-"""The generator CLI: python -m lopti_minimal.kk ... (exit code 2 + one-line errors)."""
+"""The generator CLI: python -m lopti_minimal.task.dataset ... (exit code 2 + one-line errors)."""
 import os
 import subprocess
 import sys
@@ -62,12 +62,12 @@ def test_errors_exit_2_with_one_line(tmp_path, capsys):
 
 def test_module_entry_point(tmp_path):
     out = tmp_path / "t.jsonl"
-    p = subprocess.run([sys.executable, "-m", "lopti_minimal.kk", "--n-people", "4",
+    p = subprocess.run([sys.executable, "-m", "lopti_minimal.task.dataset", "--n-people", "4",
                         "--count", "3", "--out", str(out)], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert len(kk.load_jsonl(out)) == 3
-    p = subprocess.run([sys.executable, "-m", "lopti_minimal.kk", "--n-people", "0",
+    p = subprocess.run([sys.executable, "-m", "lopti_minimal.task.dataset", "--n-people", "0",
                         "--count", "3", "--out", str(out)], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("error: ")

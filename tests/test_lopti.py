@@ -1,16 +1,18 @@
 """Lopti, paper Algorithm 1."""
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
-from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, group_advantages, grpo_update,
-                                reference_adamw)
+from lopti_minimal.config import TrainConfig
+from lopti_minimal.grpo import group_advantages, grpo_update
 from lopti_minimal.lopti import lopti_update, split_by_probability
+from lopti_minimal.precision import build_optimizer
 from lopti_minimal.reweight import reweight_advantages
 from lopti_minimal.sampling import sample_groups
 
-from conftest import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama, update_batch, with_ref
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
 G = 4
 REWARDS = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, 3.0, -1.0, -0.5, 3.0, -1.0, -0.5, -0.5])
@@ -43,17 +45,17 @@ def setup():
     r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=1.0,
                       eos_token_id=EOS, pad_token_id=PAD,
                       generator=torch.Generator().manual_seed(0))
-    b = batch_from_rollout(r, group_advantages(REWARDS, G))
     ref = tiny_llama(seed=1)          # differs from the policy, so the KL term has gradient
-    cfg = GRPOConfig(temperature=1.0, kl_coef=0.05, mini_batch_size=12, micro_batch_size=6,
-                     grad_clip=1e9)
+    cfg = TrainConfig(temperature=1.0, kl_coef=0.05, mini_batch_size=12, micro_batch_size=6,
+                      grad_clip=1e9)
+    b = update_batch(r, group_advantages(REWARDS, G), ref, cfg)    # pi_ref's log-probs, once
     return model, r, b, ref, cfg
 
 
-def run(model, b, ref, cfg, lr=0.0, **kw):
+def run(model, b, cfg, lr=0.0, **kw):
     model = copy.deepcopy(model)
     opt = Recorder(model.parameters(), lr=lr)
-    metrics = lopti_update(model, ref, opt, b, cfg, **kw)
+    metrics = lopti_update(model, opt, b, cfg, **kw)
     return opt, metrics, model
 
 
@@ -70,11 +72,11 @@ def test_split_partitions_valid_tokens():
 def test_stage_gradients_depend_only_on_their_own_tokens():
     model, r, b, ref, cfg = setup()
     low, high = split_by_probability(r.old_logprobs, r.response_mask, ETA)
-    base, _, _ = run(model, b, ref, cfg)            # lr = 0: both stages at the same params
+    base, _, _ = run(model, b, cfg)            # lr = 0: both stages at the same params
     g1, g2 = base.grads
-    bump = torch.randn(b["advantages"].shape, generator=torch.Generator().manual_seed(3))
-    hi_changed, _, _ = run(model, dict(b, advantages=b["advantages"] + bump * high), ref, cfg)
-    lo_changed, _, _ = run(model, dict(b, advantages=b["advantages"] + bump * low), ref, cfg)
+    bump = torch.randn(b.advantages.shape, generator=torch.Generator().manual_seed(3))
+    hi_changed, _, _ = run(model, replace(b, advantages=b.advantages + bump * high), cfg)
+    lo_changed, _, _ = run(model, replace(b, advantages=b.advantages + bump * low), cfg)
     assert torch.equal(hi_changed.grads[0], g1)                 # stage 1 blind to high tokens
     assert not close(hi_changed.grads[1], g2, 1e-3)          # ... stage 2 is not
     assert torch.equal(lo_changed.grads[1], g2)                 # stage 2 blind to low tokens
@@ -83,10 +85,10 @@ def test_stage_gradients_depend_only_on_their_own_tokens():
     # at equal parameters the two stage gradients add up to the one GRPO gradient.
     whole = copy.deepcopy(model)
     opt = Recorder(whole.parameters())
-    grpo_update(whole, ref, opt, b, cfg)
+    grpo_update(whole, opt, b, cfg)
     assert close(g1 + g2, opt.grads[0])
     # The alternative denominator rescales each stage by (all tokens / its tokens).
-    masked, _, _ = run(model, b, ref, cfg, denominator="masked")
+    masked, _, _ = run(model, b, cfg, denominator="masked")
     n, n_low = r.response_mask.sum(), low.sum()
     assert close(masked.grads[0] * n_low / n, g1)
 
@@ -94,7 +96,7 @@ def test_stage_gradients_depend_only_on_their_own_tokens():
 def test_stage_two_starts_from_stage_one_parameters():
     model, r, b, ref, cfg = setup()
     lr = 0.5
-    opt, m, trained = run(model, b, ref, cfg, lr=lr)
+    opt, m, trained = run(model, b, cfg, lr=lr)
     g1, g2 = opt.grads
     p0, p1 = opt.params
     assert close(p1, p0 - lr * g1)                # stage 2 sees stage 1's result
@@ -104,20 +106,20 @@ def test_stage_two_starts_from_stage_one_parameters():
     torch.nn.utils.vector_to_parameters(p1, after1.parameters())
     low, high = split_by_probability(r.old_logprobs, r.response_mask, ETA)
     check = Recorder(after1.parameters())
-    grpo_update(after1, ref, check, b, cfg, token_mask=high)
+    grpo_update(after1, check, b, cfg, token_mask=high)
     assert close(check.grads[0], g2)
     # Old log-probs not recomputed: stage-2 ratios have moved away from 1 ...
     assert max(abs(m["stage2"]["ratio_max"] - 1), abs(m["stage2"]["ratio_min"] - 1)) > 1e-3
     assert abs(m["stage1"]["ratio_max"] - 1) < 1e-5
     # ... unless asked to recompute them.
-    _, m_re, _ = run(model, b, ref, cfg, lr=lr, recompute_old=True)
+    _, m_re, _ = run(model, b, cfg, lr=lr, recompute_old=True)
     assert abs(m_re["stage2"]["ratio_max"] - 1) < 1e-5 and abs(m_re["stage2"]["ratio_min"] - 1) < 1e-5
 
 
 def test_high_first_order_swaps_the_stages():
     model, r, b, ref, cfg = setup()
-    low_first, _, _ = run(model, b, ref, cfg)
-    high_first, _, _ = run(model, b, ref, cfg, order="high_first")
+    low_first, _, _ = run(model, b, cfg)
+    high_first, _, _ = run(model, b, cfg, order="high_first")
     assert torch.equal(high_first.grads[0], low_first.grads[1])
     assert torch.equal(high_first.grads[1], low_first.grads[0])
 
@@ -125,13 +127,14 @@ def test_high_first_order_swaps_the_stages():
 @pytest.mark.parametrize("which", ["below_min", "above_one"])
 def test_degenerate_eta_is_one_grpo_update(which):
     model, r, b, ref, cfg = setup()
-    cfg = GRPOConfig(temperature=1.0, lr=1e-3, kl_coef=0.05, mini_batch_size=6,
-                     micro_batch_size=3)
+    cfg = TrainConfig(temperature=1.0, lr=1e-3, kl_coef=0.05, mini_batch_size=6,
+                      micro_batch_size=3)
+    b = with_ref(b, ref, cfg)
     p = r.old_logprobs.exp()[r.response_mask > 0]
     eta = float(p.min()) if which == "below_min" else 1.01   # all high / all low
     m_lopti, m_grpo = copy.deepcopy(model), copy.deepcopy(model)
-    out = lopti_update(m_lopti, ref, reference_adamw(m_lopti, cfg), b, cfg, eta=eta)
-    grpo_update(m_grpo, ref, reference_adamw(m_grpo, cfg), b, cfg)
+    out = lopti_update(m_lopti, build_optimizer(m_lopti, cfg), b, cfg, eta=eta)
+    grpo_update(m_grpo, build_optimizer(m_grpo, cfg), b, cfg)
     assert out["stage1"]["n_steps"] + out["stage2"]["n_steps"] == 2   # one stage only
     for a, c in zip(m_lopti.parameters(), m_grpo.parameters()):
         assert torch.allclose(a, c, rtol=0, atol=1e-7)
@@ -140,13 +143,13 @@ def test_degenerate_eta_is_one_grpo_update(which):
 
 def test_composes_with_ar():
     model, r, b, ref, cfg = setup()
-    Ah = reweight_advantages(b["advantages"], r.old_logprobs, alpha=0.3)
-    ar = dict(b, advantages=Ah)
-    opt, _, _ = run(model, ar, ref, cfg)
+    Ah = reweight_advantages(b.advantages, r.old_logprobs, alpha=0.3)
+    ar = replace(b, advantages=Ah)
+    opt, _, _ = run(model, ar, cfg)
     low, _ = split_by_probability(r.old_logprobs, r.response_mask, ETA)
     twin = copy.deepcopy(model)
     check = Recorder(twin.parameters())
-    grpo_update(twin, ref, check, ar, cfg, token_mask=low)
+    grpo_update(twin, check, ar, cfg, token_mask=low)
     assert torch.equal(opt.grads[0], check.grads[0])      # stage 1 = low tokens, AR advantages
-    plain, _, _ = run(model, b, ref, cfg)
+    plain, _, _ = run(model, b, cfg)
     assert not close(plain.grads[0], opt.grads[0], 1e-3)

@@ -8,14 +8,16 @@ import torch
 
 pytest.importorskip("peft")     # the `lora` extra (requirements-lora.txt; CI installs it)
 
-from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, batch_logprobs,  # noqa: E402
-                                group_advantages, kl_k3, policy_loss, token_logprobs)
+from dataclasses import replace  # noqa: E402
+
+from lopti_minimal.config import TrainConfig  # noqa: E402
+from lopti_minimal.grpo import batch_logprobs, group_advantages, kl_k3, policy_loss, token_logprobs  # noqa: E402
 from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
 from lopti_minimal.lora import add_lora, adapter_state, merged_copy  # noqa: E402
 from lopti_minimal.reweight import reweight_advantages  # noqa: E402
 from lopti_minimal.sampling import sample_groups  # noqa: E402
 
-from conftest import BOS, EOS, PAD, tiny_llama  # noqa: E402
+from conftest import BOS, EOS, PAD, tiny_llama, update_batch  # noqa: E402
 
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
 G = 4
@@ -30,22 +32,21 @@ def setup():
     model = add_lora(tiny_llama(), rank=4)
     r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=1.0,
                       eos_token_id=EOS, pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
-    b = batch_from_rollout(r, group_advantages(REWARDS, G))
-    b["advantages"] = reweight_advantages(b["advantages"], b["old_logprobs"], ALPHA)
-    cfg = GRPOConfig(temperature=1.0, kl_coef=0.05, mini_batch_size=12, micro_batch_size=6,
-                     grad_clip=1e9)
-    return model, b, tiny_llama(seed=1), cfg
+    cfg = TrainConfig(temperature=1.0, kl_coef=0.05, mini_batch_size=12, micro_batch_size=6,
+                      grad_clip=1e9)
+    b = update_batch(r, group_advantages(REWARDS, G), tiny_llama(seed=1), cfg)
+    b = replace(b, advantages=reweight_advantages(b.advantages, b.old_logprobs, ALPHA))
+    return model, b, cfg
 
 
-def by_hand(model, b, ref, cfg):
+def by_hand(model, b, cfg):
     """Algorithm 1 written out: per stage, the token-mean over ALL response tokens of
     (clipped surrogate + kl_coef * k3) on the stage's tokens, then an SGD step."""
     params = [p for p in model.parameters() if p.requires_grad]
-    ref_logp = batch_logprobs(ref, b, cfg)
-    for stage in split_by_probability(b["old_logprobs"], b["response_mask"], ETA):    # low, high
-        logp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["prompt_len"], cfg.temperature)
-        pg, _ = policy_loss(logp, b["old_logprobs"], b["advantages"], cfg.eps_low, cfg.eps_high, cfg.clip_c)
-        loss = ((pg + cfg.kl_coef * kl_k3(logp, ref_logp)) * stage).sum() / b["response_mask"].sum()
+    for stage in split_by_probability(b.old_logprobs, b.response_mask, ETA):    # low, high
+        logp = token_logprobs(model, b.input_ids, b.attention_mask, b.prompt_len, cfg.temperature)
+        pg, _ = policy_loss(logp, b.old_logprobs, b.advantages, cfg.eps_low, cfg.eps_high, cfg.clip_c)
+        loss = ((pg + cfg.kl_coef * kl_k3(logp, b.ref_logprobs)) * stage).sum() / b.response_mask.sum()
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g in zip(params, grads):
@@ -53,14 +54,14 @@ def by_hand(model, b, ref, cfg):
 
 
 def test_lopti_update_moves_only_the_adapters_and_equals_hand_computation(tmp_path):
-    model, b, ref, cfg = setup()
+    model, b, cfg = setup()
     base0 = {k: v.clone() for k, v in model.named_parameters() if "lora_" not in k}
     lora0 = {k: v.clone() for k, v in model.named_parameters() if "lora_" in k}
     assert lora0 and all(v.requires_grad for k, v in model.named_parameters() if "lora_" in k)
     hand = copy.deepcopy(model)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
-    lopti_update(model, ref, opt, b, cfg, eta=ETA)
-    by_hand(hand, b, ref, cfg)
+    lopti_update(model, opt, b, cfg, eta=ETA)
+    by_hand(hand, b, cfg)
 
     now = dict(model.named_parameters())
     assert all(torch.equal(now[k], v) for k, v in base0.items()), "a base weight moved"
@@ -87,11 +88,11 @@ def test_merged_checkpoint_is_what_eval_loads(nano_dir, tmp_path):
     kw = dict(group_size=4, max_new_tokens=8, temperature=1.0, eos_token_id=tok.eos_token_id,
               pad_token_id=tok.pad_token_id)
     r = sample_groups(model, prompts, generator=torch.Generator().manual_seed(0), **kw)
-    b = batch_from_rollout(r, group_advantages(REWARDS[:8], G))
-    b["advantages"] = reweight_advantages(b["advantages"], b["old_logprobs"], ALPHA)
-    cfg = GRPOConfig(temperature=1.0, kl_coef=0.0, mini_batch_size=8, micro_batch_size=8)
+    b = update_batch(r, group_advantages(REWARDS[:8], G))
+    b = replace(b, advantages=reweight_advantages(b.advantages, b.old_logprobs, ALPHA))
+    cfg = TrainConfig(temperature=1.0, kl_coef=0.0, mini_batch_size=8, micro_batch_size=8)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
-    lopti_update(model, None, opt, b, cfg, eta=ETA)
+    lopti_update(model, opt, b, cfg, eta=ETA)
 
     save_hf_atomic(model, tok, tmp_path / "final")
     assert not (tmp_path / "final" / "adapter_config.json").exists()
@@ -117,14 +118,14 @@ def test_train_with_lora_resumes_exactly(nano_dir, tmp_path):
     merged weights alike; the final policy is a plain checkpoint and differs from the base."""
     from test_trainer import TIMING, length_reward, small_cfg
     from transformers import AutoModelForCausalLM
-    from lopti_minimal import trainer
+    from lopti_minimal import plumbing, trainer
 
     def cfg(name, steps):
         return small_cfg(nano_dir, tmp_path / name, method="ar_lopti", lora_rank=4, steps=steps,
                          save_every=1, lr=3e-2, threads=1, device="cpu")
     a = trainer.train(cfg("a", 2), reward_fn=length_reward, log=lambda s: None)
     trainer.train(cfg("b", 1), reward_fn=length_reward, log=lambda s: None)
-    b = trainer.train(trainer.resume_config(str(tmp_path / "b" / "run"), steps=2, progress=False),
+    b = trainer.train(plumbing.resume_config(str(tmp_path / "b" / "run"), steps=2, progress=False),
                       resume=True, reward_fn=length_reward, log=lambda s: None)
 
     def strip(ms):

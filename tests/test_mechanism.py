@@ -3,16 +3,18 @@ each bin's share of the squared gradient norm (Fig. 1b), and that the trainer lo
 import copy
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from lopti_minimal import mechanism, trainer
-from lopti_minimal.grpo import GRPOConfig, batch_from_rollout, group_advantages, kl_k3, policy_loss, token_logprobs
+from lopti_minimal.config import TrainConfig
+from lopti_minimal.grpo import group_advantages, kl_k3, policy_loss, token_logprobs
 from lopti_minimal.reweight import reweight_advantages
 from lopti_minimal.sampling import sample_groups
 
-from conftest import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama, update_batch
 from test_trainer import length_reward, small_cfg
 
 LOG = math.log
@@ -45,20 +47,20 @@ def _batch():
     r = sample_groups(model, prompts, group_size=4, max_new_tokens=12, temperature=0.7,
                       eos_token_id=EOS, pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
     rewards = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, -1.0, -3.0, 3.0, 3.0, -1.0, -0.5, -0.5])
-    return model, batch_from_rollout(r, group_advantages(rewards, 4))
+    return model, update_batch(r, group_advantages(rewards, 4))
 
 
-def _bin_grad_sq_by_hand(model, batch, ref_logp, cfg, masks):
+def _bin_grad_sq_by_hand(model, batch, cfg, masks):
     """||d loss_k / d theta||^2 for the loss restricted to each bin, token-mean over all tokens."""
     out = []
-    n_all = batch["response_mask"].sum()
+    n_all = batch.response_mask.sum()
     for m in masks:
         model.zero_grad()
-        logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["prompt_len"],
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_len,
                               cfg.temperature)
-        pg, _ = policy_loss(logp, batch["old_logprobs"], batch["advantages"] * m, cfg.eps_low,
+        pg, _ = policy_loss(logp, batch.old_logprobs, batch.advantages * m, cfg.eps_low,
                             cfg.eps_high, cfg.clip_c)
-        per_tok = pg + cfg.kl_coef * kl_k3(logp, ref_logp, cfg.kl_log_ratio_clamp)
+        per_tok = pg + cfg.kl_coef * kl_k3(logp, batch.ref_logprobs, cfg.kl_log_ratio_clamp)
         ((per_tok * m).sum() / n_all).backward()
         out.append(sum(float((p.grad ** 2).sum()) for p in model.parameters() if p.grad is not None))
     model.zero_grad()
@@ -67,24 +69,25 @@ def _bin_grad_sq_by_hand(model, batch, ref_logp, cfg, masks):
 
 def test_gradient_sq_shares_by_hand_and_the_weights_stay():
     model, batch = _batch()
-    cfg = GRPOConfig(temperature=0.7)
+    cfg = TrainConfig(temperature=0.7)
     with torch.no_grad():
-        batch["old_logprobs"] = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
-                                               batch["prompt_len"], 0.7) * batch["response_mask"]
-    ref_logp = (batch["old_logprobs"] - 0.3) * batch["response_mask"]     # a KL term with gradient
+        old = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_len, 0.7) \
+            * batch.response_mask
+    # a KL term with gradient
+    batch = replace(batch, old_logprobs=old, ref_logprobs=(old - 0.3) * batch.response_mask)
     before = copy.deepcopy(model.state_dict())
-    shares = mechanism.gradient_sq_shares(model, batch, ref_logp, cfg)
+    shares = mechanism.gradient_sq_shares(model, batch, cfg)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    masks = mechanism.bin_masks(batch["old_logprobs"].exp(), batch["response_mask"])
-    sq = _bin_grad_sq_by_hand(model, batch, ref_logp, cfg, masks)
+    masks = mechanism.bin_masks(batch.old_logprobs.exp(), batch.response_mask)
+    sq = _bin_grad_sq_by_hand(model, batch, cfg, masks)
     assert sum(s for s in shares if s is not None) == pytest.approx(1.0, abs=1e-4)
     assert shares == pytest.approx([x / sum(sq) for x in sq], abs=2e-5)
     assert sum(1 for m in masks if m.sum() > 0) >= 3                    # not vacuous
 
     # AR (Eq. 4) gives the low-probability tokens the smaller weights: their share falls.
-    ar = dict(batch, advantages=reweight_advantages(batch["advantages"], batch["old_logprobs"], 0.3))
-    shares_ar = mechanism.gradient_sq_shares(model, ar, ref_logp, GRPOConfig(temperature=0.7, kl_coef=0.0))
-    shares_grpo = mechanism.gradient_sq_shares(model, batch, ref_logp, GRPOConfig(temperature=0.7, kl_coef=0.0))
+    ar = replace(batch, advantages=reweight_advantages(batch.advantages, batch.old_logprobs, 0.3))
+    shares_ar = mechanism.gradient_sq_shares(model, ar, TrainConfig(temperature=0.7, kl_coef=0.0))
+    shares_grpo = mechanism.gradient_sq_shares(model, batch, TrainConfig(temperature=0.7, kl_coef=0.0))
     assert shares_ar[0] + shares_ar[1] < shares_grpo[0] + shares_grpo[1]
 
 
@@ -115,7 +118,7 @@ def test_the_trainer_logs_the_mechanism(nano_dir, tmp_path):
 def test_the_report_compares_the_mechanism_paired_by_seed(tmp_path):
     """Synthetic study runs with known mechanism metrics: run_scalars' numbers, the paired
     difference from GRPO in the aggregate, and the report's table and figure."""
-    from lopti_minimal.experiments import grid as G, report as R, study as S
+    from lopti_minimal.experiments import aggregate as A, grid as G, report as R, study as S
     from lopti_minimal.experiments.mechanism_report import run_scalars
     from test_study import write_finished
     model = tmp_path / "model"
@@ -144,7 +147,7 @@ def test_the_report_compares_the_mechanism_paired_by_seed(tmp_path):
     assert sc["rise_b3"] == pytest.approx(0.5) and sc["rise_b1"] is None and sc["fall_b0"] == pytest.approx(0.9)
     assert sc["grad_low_first"] == pytest.approx(0.8) and sc["grad_low_mean"] == pytest.approx(0.7)
     assert sc["nll_first"] == pytest.approx(0.3) and sc["nll_last"] == pytest.approx(0.1)
-    res = R.aggregate(out, window=1)
+    res = A.aggregate(out, window=1)
     lo = res["presets"]["ci"]["grids"]["main"]["rows"]["lopti-e0.4"]
     d = lo["mechanism"]["rise_b3"]["vs_grpo"]        # seed 0: .6 - .5; seed 1: .5 - .3
     assert d["mean"] == pytest.approx(0.15) and d["seeds"] == [0, 1]

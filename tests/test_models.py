@@ -153,3 +153,26 @@ def test_tokenizer_not_matching_model(kk_tokenizer, tmp_path):
 def test_unknown_preset():
     with pytest.raises(ModelLoadError, match="nano"):
         make_tiny_model("huge", 100)
+
+
+def test_the_vocabulary_size_the_docstrings_state_is_the_shipped_one():
+    """models.py and tokenizer.py state the shipped tokenizer's size as a number; it is the
+    one every shipped checkpoint has (config.json and the tokenizer itself), and the tiny
+    preset's parameter count follows from it."""
+    import json
+    import re
+    from pathlib import Path
+    from transformers import AutoTokenizer
+    root = Path(models.__file__).resolve().parent
+    stated = {int(re.search(r"vocabulary of ([\d,]+) entries", (root / "models.py").read_text()).group(1)
+                  .replace(",", "")),
+              int(re.search(r"([\d,]+)\s+entries for the shipped tokenizer", (root / "tokenizer.py").read_text())
+                  .group(1).replace(",", ""))}
+    assert len(stated) == 1
+    (n,) = stated
+    shipped = root.parent / "checkpoints" / "tiny-warm"
+    assert json.loads((shipped / "config.json").read_text())["vocab_size"] == n
+    assert len(AutoTokenizer.from_pretrained(shipped)) == n
+    for cfg in sorted(root.parent.glob("checkpoints/*/config.json")):
+        assert json.loads(cfg.read_text())["vocab_size"] == n, cfg
+    assert count_parameters(models.make_tiny_model("tiny", n)) == 3_361_792

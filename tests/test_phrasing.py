@@ -156,8 +156,8 @@ def test_two_behaviour_targets_mix_the_asked_share_deterministically():
 
 
 def test_tail_words_lift_the_share_of_choice_tokens_above_a_fifth():
-    """scripts/phrasing_choices.py (quoted in docs/TWO_BEHAVIOURS.md): version 3's choices
-    are under 20% of a 3-person derivation's tokens, with tail words over 20% -- the
+    """scripts/phrasing_choices.py: the choices without tail words are under 20% of a
+    3-person derivation's tokens, with tail words over 20% -- the
     ceiling each sets on the share of sampled tokens below pi_old = 0.5."""
     from transformers import AutoTokenizer
     pc = load_script("scripts/phrasing_choices.py")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import ROOT
-from lopti_minimal import precision, trainer
-from lopti_minimal.trainer import TrainError, make_config
+from lopti_minimal import plumbing, precision, trainer
+from lopti_minimal.config import PRESETS, TrainError, make_config
 
 TINY = str(ROOT / "checkpoints" / "tiny-warm")
 
@@ -21,9 +21,9 @@ def kept_share(cfg) -> float:
     """One optimizer step of cfg's policy on the tiny model with gradients of ~1e-3: its
     update projected on the float32 AdamW update from the same weights and gradients,
     <d, d32> / <d32, d32> (1 = all of it kept)."""
-    model, _ = trainer.load_policy(cfg)
+    model, _ = plumbing.load_policy(cfg)
     w0 = [p.detach().float().clone() for p in model.parameters()]
-    opt = trainer.make_optimizer(model, cfg)
+    opt = precision.build_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(0)
     for p in model.parameters():
         p.grad = (torch.randn(p.shape, generator=gen) * 1e-3).to(p.dtype)
@@ -31,8 +31,7 @@ def kept_share(cfg) -> float:
     ref = [torch.nn.Parameter(w.clone()) for w in w0]
     for r, p in zip(ref, model.parameters()):
         r.grad = p.grad.float()
-    g = cfg.grpo_config()
-    torch.optim.AdamW(ref, lr=cfg.lr, betas=tuple(g.betas), weight_decay=cfg.weight_decay).step()
+    torch.optim.AdamW(ref, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay).step()
     opt.step()
     num = den = 0.0
     for p, w, r in zip(model.parameters(), w0, ref):
@@ -42,7 +41,7 @@ def kept_share(cfg) -> float:
     return num / den
 
 
-@pytest.mark.parametrize("preset", list(trainer.PRESETS))
+@pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_keeps_an_lr_1e6_update(preset, eager_compile):
     cfg = make_config(preset, model=TINY, device="cpu", lr=1e-6)
     share = kept_share(cfg)
@@ -52,7 +51,7 @@ def test_every_preset_keeps_an_lr_1e6_update(preset, eager_compile):
 def test_bf16_weights_under_plain_adamw_lose_the_update_and_are_refused():
     with pytest.raises(TrainError, match="round small updates away"):
         make_config("qwen2.5-0.5b", model=TINY, device="cpu", dtype="bfloat16")
-    # Built past the check: the policy of the old GPU presets keeps almost nothing.
+    # Built past the check: bf16 weights under plain AdamW keep almost nothing.
     cfg = dataclasses.replace(make_config("qwen2.5-0.5b", model=TINY, device="cpu", lr=1e-6), dtype="bfloat16")
     assert kept_share(cfg) < 0.1
 
@@ -64,8 +63,8 @@ def test_gpu_presets_train_float32_or_stochastically_rounded_weights():
         assert precision.master_dtype(c) == torch.float32 or c.optimizer in precision.STOCHASTIC_ROUNDING
     # The reference copy may be bf16; the trained weights stay float32.
     cfg = make_config("qwen2.5-0.5b", model=TINY, device="cpu")
-    model, _ = trainer.load_policy(cfg)
-    ref = trainer.frozen_copy(model, precision.ref_dtype(cfg))
+    model, _ = plumbing.load_policy(cfg)
+    ref = precision.reference_copy(model, precision.ref_dtype(cfg))
     assert next(model.parameters()).dtype == torch.float32 and next(ref.parameters()).dtype == torch.bfloat16
     assert not any(p.requires_grad for p in ref.parameters())
 
@@ -83,4 +82,6 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
     with pytest.raises(precision.PrecisionError, match="Tesla T4.*Ampere"):
+        precision.check_hardware(make_config("qwen2.5-0.5b"))
+    with pytest.raises(TrainError, match="Tesla T4"):          # what the CLI prints as one line
         precision.check_hardware(make_config("qwen2.5-0.5b"))

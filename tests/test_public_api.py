@@ -56,6 +56,23 @@ def test_import_is_cheap_and_core_imports_neither_trl_nor_accelerate():
                 assert n.split(".")[0] not in ("trl", "accelerate"), f"{path.name} imports {n}"
 
 
+def test_the_core_never_imports_the_experiments():
+    """lopti_minimal/*.py and task/ (the method and the task) import nothing from
+    lopti_minimal/experiments/ (the warm start, the study, the diagnostics), at the top of a
+    module or inside a function."""
+    core = [p for p in (ROOT / "lopti_minimal").rglob("*.py") if "experiments" not in p.parts]
+    assert len(core) > 20
+    for path in core:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any("experiments" in n.split(".") for n in names), f"{path.name} imports {names}"
+
+
 def test_readme_own_trainer_example():
     """The example runs; its advantages are Eq. 4 of the group advantages, the two stages
     partition the response tokens, and the last optimizer step moved only stage 2's."""

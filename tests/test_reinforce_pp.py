@@ -5,11 +5,11 @@ one CPU RL step of every method with it."""
 import pytest
 import torch
 
-from lopti_minimal import models, trainer
+from lopti_minimal import models, plumbing, precision, trainer
 from lopti_minimal.grpo import group_advantages, reinforce_pp_advantages, token_advantages
 from lopti_minimal.lopti import split_by_probability
 from lopti_minimal.reweight import reweight_advantages
-from lopti_minimal.trainer import make_config
+from lopti_minimal.config import METHODS, TrainError, make_config
 
 
 def reference_loop(rewards, mask, gamma):
@@ -78,17 +78,17 @@ def test_ar_and_lopti_act_on_it_as_on_grpo():
     assert torch.equal(low + high, mask)                  # the split never looks at advantages
 
 
-@pytest.mark.parametrize("method", trainer.METHODS)
+@pytest.mark.parametrize("method", METHODS)
 def test_one_cpu_step_of_every_method_with_reinforce_pp(method, nano_dir, tmp_path):
     cfg = make_config("ci", model=nano_dir, method=method, estimator="reinforce_pp", prompts_per_step=2,
                       group_size=4, max_new_tokens=24, rl_per_size=10, final_eval=False, plots=False,
                       progress=False, lr=3e-3, cache_dir=str(tmp_path / "cache"), run_dir=str(tmp_path / "run"))
-    model, tok = trainer.load_policy(cfg)
-    records, _ = trainer.rl_prompt_set(cfg, progress=False)
+    model, tok = plumbing.load_policy(cfg)
+    records, _ = plumbing.rl_prompt_set(cfg, progress=False)
     records, ids = models.encode_prompts(records[:2], tok, "auto", 256)
     # A reward that varies across the batch: the response length (so advantages are not 0).
-    m = trainer.rl_step(model, trainer.frozen_copy(model), trainer.make_optimizer(model, cfg),
+    m = trainer.rl_step(model, precision.reference_copy(model), precision.build_optimizer(model, cfg),
                         tok, records, ids, cfg, 0, lambda text, rec: float(len(text) % 7))
     assert m["ratio_min"] == 1.0 == m["ratio_max"] and m["grad_norm"] > 0 and m["tokens"] > 0
-    with pytest.raises(trainer.TrainError, match="unknown estimator"):
+    with pytest.raises(TrainError, match="unknown estimator"):
         make_config("ci", estimator="ppo")

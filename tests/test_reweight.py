@@ -1,14 +1,16 @@
 """Advantage Reweighting, paper Eq. 4."""
 import copy
+from dataclasses import replace
 
 import torch
 
-from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, group_advantages, grpo_update,
-                                reference_adamw, policy_loss, token_logprobs)
+from lopti_minimal.config import TrainConfig
+from lopti_minimal.grpo import group_advantages, grpo_update, policy_loss, token_logprobs
+from lopti_minimal.precision import build_optimizer
 from lopti_minimal.reweight import reweight_advantages, reweight_weights
 from lopti_minimal.sampling import sample_groups
 
-from conftest import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama, update_batch
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13], [BOS, 20, 21]]
 G = 4
 REWARDS = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, 3.0, -1.0, -0.5,
@@ -26,14 +28,13 @@ def rollout(model):
 def test_alpha_zero_is_grpo_bit_for_bit():
     model = tiny_llama()
     r = rollout(model)
-    b = batch_from_rollout(r, group_advantages(REWARDS, G))
-    A0 = reweight_advantages(b["advantages"], r.old_logprobs, alpha=0.0)
-    assert torch.equal(A0, b["advantages"])
+    cfg = TrainConfig(lr=1e-3, mini_batch_size=8, micro_batch_size=4)
+    b = update_batch(r, group_advantages(REWARDS, G), copy.deepcopy(model), cfg)
+    A0 = reweight_advantages(b.advantages, r.old_logprobs, alpha=0.0)
+    assert torch.equal(A0, b.advantages)
     m1, m2 = model, copy.deepcopy(model)
-    ref = copy.deepcopy(model)
-    cfg = GRPOConfig(lr=1e-3, mini_batch_size=8, micro_batch_size=4)
-    grpo_update(m1, ref, reference_adamw(m1, cfg), b, cfg)
-    grpo_update(m2, ref, reference_adamw(m2, cfg), dict(b, advantages=A0), cfg)
+    grpo_update(m1, build_optimizer(m1, cfg), b, cfg)
+    grpo_update(m2, build_optimizer(m2, cfg), replace(b, advantages=A0), cfg)
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p1, p2)
 
@@ -71,7 +72,7 @@ def test_ar_cuts_low_bin_share_by_the_predicted_amount():
     alpha = 0.3
     model = tiny_llama()
     r = rollout(model)
-    A = batch_from_rollout(r, group_advantages(REWARDS, G))["advantages"]
+    A = update_batch(r, group_advantages(REWARDS, G)).advantages
     # Unit-weight norms n_t = ||grad log p_t||, and the per-token norms under GRPO and AR.
     n, idx = per_token_grad_norms(model, r, torch.ones_like(A))
     Ah = reweight_advantages(A, r.old_logprobs, alpha)

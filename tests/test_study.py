@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from lopti_minimal import runs, trainer
+from lopti_minimal import runs
+from lopti_minimal.config import TrainConfig, config_to_json, make_config
+from lopti_minimal.experiments import aggregate as A
 from lopti_minimal.experiments import grid as G
 from lopti_minimal.experiments import report as R
 from lopti_minimal.experiments import stats
 from lopti_minimal.experiments import study as S
 
 WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
-HAS_ORDER = "lopti_order" in {f.name for f in dataclasses.fields(trainer.TrainConfig)}
+HAS_ORDER = "lopti_order" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -40,7 +42,7 @@ def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_
     the reward; the held-out evaluation only if ``heldout`` is given; ``low``: the logged
     low_fraction per step; ``extra``: more metrics per step)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
+    (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": config_to_json(cfg)}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for i, r in enumerate(rewards):
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
@@ -76,7 +78,7 @@ def synthetic_study(out: Path, model: str) -> Path:
     spec = S.RunSpec("ci", G.GRPO, 4, "main")
     d = spec.run_dir(out)
     d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(
+    (d / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": config_to_json(
         S.run_config(spec, out, {"model": model, "steps": 3}))}))
     return out
 
@@ -88,7 +90,7 @@ def fake_train(cfg, resume=False, log=None, reward_fn=None):
     if not resume:
         assert not rd.exists() or not any(rd.iterdir()), "a fresh run must get an empty directory"
         rd.mkdir(parents=True, exist_ok=True)
-        (rd / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": trainer.config_to_json(cfg)}))
+        (rd / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": config_to_json(cfg)}))
     with open(rd / "calls.txt", "a") as f:
         f.write(f"{'resume' if resume else 'new'} threads={cfg.threads}\n")
     log("[run] fake")
@@ -152,10 +154,10 @@ def test_paired_difference_hand_checked():
 
 def test_selection_and_detectable_difference_hand_checked():
     ms = [{"derive_share": v, "truncated": t} for v, t in ((.2, 0), (.5, .1), (.85, 0), (.7, .1), (.9, 0))]
-    assert R.selection(ms) == {"steps_to_80": 3.0, "derive_auc": pytest.approx(0.63),
+    assert A.selection(ms) == {"steps_to_80": 3.0, "derive_auc": pytest.approx(0.63),
                                "train_truncated": pytest.approx(0.04)}
     # Never selected within the run: counted as steps + 1.
-    assert R.selection([{"derive_share": .1}, {"derive_share": .5}])["steps_to_80"] == 3.0
+    assert A.selection([{"derive_share": .1}, {"derive_share": .5}])["steps_to_80"] == 3.0
     # n = 5 pairs, sd .1: (t_.975,4 + t_.80,4) * .1 / sqrt(5) = (2.776 + 0.941) * .1 / 2.23607
     assert stats.detectable(0.1, 5) == pytest.approx(0.166228, abs=1e-5)
     assert stats.detectable(None, 1) is None
@@ -172,13 +174,14 @@ def test_variants_are_canonical():
     with pytest.raises(G.StudyError, match="unknown method"):
         G.Variant("ppo")
     # The control arm: same method, two optimizer passes per rollout.
-    x2 = G.Variant("grpo", passes=2)
+    x2 = G.Variant("grpo", ppo_epochs=2)
     assert (x2.name, x2.overrides()) == ("grpo-x2", {"method": "grpo", "ppo_epochs": 2})
     assert G.Variant.from_config({"method": "grpo", "alpha": 0.3, "ppo_epochs": 2}) == x2 != G.GRPO
     # The main grid's knobs are the table train.py --method uses.
     for v in G.MAIN:
-        cfg = trainer.make_config(method=v.method)
-        assert (v.alpha in (None, cfg.alpha)) and (v.eta in (None, cfg.eta)), v
+        cfg = make_config(method=v.method)
+        assert (v.alpha, v.eta) == (cfg.alpha, cfg.eta), v
+    assert (G.GRPO.update_passes, x2.update_passes, G.LOPTI.update_passes, G.AR.update_passes) == (1, 2, 2, 1)
 
 
 def test_plan_dedups_shared_runs_and_is_seed_major():
@@ -208,7 +211,7 @@ def test_plan_dedups_shared_runs_and_is_seed_major():
 def test_every_run_of_a_grid_has_the_same_budget(tmp_path):
     specs = S.plan_runs(["main", "alpha", "eta"], 2, 2, "cpu-tiny")
     cfgs = [S.run_config(s, tmp_path, {"steps": 7}) for s in specs]
-    d = trainer.make_config("cpu-tiny")
+    d = make_config("cpu-tiny")
     assert {(c.steps, c.prompts_per_step, c.group_size) for c in cfgs} == {(7, d.prompts_per_step, d.group_size)}
     assert len({G.setting_key(c) for c in cfgs}) == 1          # only variant and seed differ
     lopti = next(c for c in cfgs if c.method == "lopti")
@@ -310,7 +313,7 @@ def test_parallel_jobs_with_a_fake_trainer(tmp_path, fake_model):
 
 def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     out = synthetic_study(tmp_path / "study", fake_model)
-    res = R.aggregate(out, window=2)
+    res = A.aggregate(out, window=2)
     assert len(res["unfinished"]) == 1 and res["unfinished"][0].endswith("grpo-s4")
     pr = res["presets"]["ci"]
     assert pr["sizes"] == [3, 4] and list(pr["variants"]) == ["grpo", "ar-a0.2", "lopti-e0.4"]
@@ -362,7 +365,7 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
 def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake_model):
     out = synthetic_study(tmp_path / "study", fake_model)
     report, figs = tmp_path / "docs" / "RESULTS.md", tmp_path / "docs" / "figures"
-    R.write_report(R.aggregate(out), report, figs)
+    R.write_report(A.aggregate(out), report, figs)
     text = report.read_text()
     assert "Seeds 0-2 (n = 3 per row)." in text
     assert "| GRPO | 0.300 ± 0.248 | 0.300 ± 0.248 | 0.300 ± 0.248 | – | – |" in text
@@ -386,7 +389,7 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     assert "| GRPO+Lopti (η=0.4) | 0.350 ± 0.000 | +0.050 [-0.198, +0.298] | 3.0 ± 0.0 | +0.0 [+0.0, +0.0] |" in text
 
     report.write_text(text.replace(R.HAND_BEGIN + "\n", R.HAND_BEGIN + "\nOur reading: nothing yet.\n"))
-    R.write_report(R.aggregate(out), report, figs, plots=False)
+    R.write_report(A.aggregate(out), report, figs, plots=False)
     new = report.read_text()
     assert "Our reading: nothing yet." in new and new.count(R.HAND_BEGIN) == 1
 
@@ -405,7 +408,7 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
             spec = S.RunSpec("ci", v, seed, "reinforce_pp")
             write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": fake_model, "steps": 3}),
                            {3: a, 4: a}, heldout=a, low=(0.06, 0.03, 0.0), rewards=(0.0, 0.5, a + 0.5))
-    t = R.aggregate(out)["presets"]["ci"]["grids"]["reinforce_pp"]
+    t = A.aggregate(out)["presets"]["ci"]["grids"]["reinforce_pp"]
     [d] = t["pairs"]
     # diffs .1 .2 0: mean .1, s .1, half 4.303 * .1 / sqrt(3) = 0.248434
     assert d["a"] == rpp_arl.label and d["b"] == rpp.label and d["avg"]["seeds"] == [0, 1, 2]
@@ -413,7 +416,7 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
     assert d["heldout"]["mean"] == pytest.approx(0.1) and d["steps_to_80"]["mean"] == pytest.approx(0.0)
     assert t["rows"][rpp_arl.name]["vs_grpo"]["avg"]["mean"] == pytest.approx(0.1)     # .2 .2 -.1 vs GRPO
     report = tmp_path / "RESULTS.md"
-    R.write_report(R.aggregate(out), report, tmp_path / "figs", plots=False)
+    R.write_report(A.aggregate(out), report, tmp_path / "figs", plots=False)
     assert ("- **REINFORCE++ +AR+Lopti (α=0.3, η=0.5)** minus **REINFORCE++**, paired by seed (95% CI): "
             "accuracy (avg over sizes) +0.100 [-0.148, +0.348]; held-out accuracy +0.100 [-0.148, +0.348]") \
         in report.read_text()
@@ -423,7 +426,7 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
 
 
 def test_report_without_runs_is_a_template(tmp_path):
-    p = R.write_report(R.aggregate(tmp_path / "empty"), tmp_path / "R.md", tmp_path / "f")
+    p = R.write_report(A.aggregate(tmp_path / "empty"), tmp_path / "R.md", tmp_path / "f")
     text = Path(p).read_text()
     assert "No finished runs yet" in text and "+46.2%" in text and R.HAND_END in text
 

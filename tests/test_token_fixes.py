@@ -5,17 +5,17 @@ losses on hand-made tensors, what each does to the probability bins' share of th
 (Equality with TRL's `_compute_loss`: tests/test_trl_grpo.py.)"""
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from lopti_minimal import mechanism, token_fixes as TF
-from lopti_minimal.config import TOKEN_FIXES, TrainError, make_config
-from lopti_minimal.grpo import (GRPOConfig, batch_from_rollout, batch_logprobs, group_advantages,
-                                grpo_update, policy_loss)
+from lopti_minimal.config import TOKEN_FIXES, TrainConfig, TrainError, make_config
+from lopti_minimal.grpo import batch_logprobs, group_advantages, grpo_update, policy_loss
 from lopti_minimal.sampling import sample_groups
 
-from conftest import BOS, EOS, PAD, tiny_llama
+from conftest import BOS, EOS, PAD, tiny_llama, update_batch
 
 LOG = math.log
 
@@ -144,7 +144,7 @@ def test_kl_cov_and_clip_cov_act_on_the_high_covariance_tokens():
     g, _, _ = d_loss_d_logp(lambda lp: TF.kl_cov_loss(lp, old, A, sel, 1.0), logp)
     # -A rho + beta sign(log rho) on the selected; -A rho (unclipped) elsewhere
     assert g[0].tolist() == pytest.approx([-1.1 + 1, -1.5, 0.9 - 1, 0.7], abs=1e-6)
-    fix = TF.TokenFix("clip_cov", GRPOConfig(), mask=sel)
+    fix = TF.TokenFix("clip_cov", TrainConfig(), mask=sel)
     g_cc, _, _ = d_loss_d_logp(lambda lp: fix(lp, old, A, slice(None)), logp)
     g_ppo, _, _ = d_loss_d_logp(lambda lp: policy_loss(lp, old, A), logp)
     assert g_cc[0].tolist() == pytest.approx([0, g_ppo[0, 1].item(), 0, g_ppo[0, 3].item()])
@@ -161,7 +161,7 @@ def test_at_ratio_one_cispo_and_kl_cov_are_grpos_gradient():
     g_kl, _, _ = d_loss_d_logp(lambda lp: TF.kl_cov_loss(lp, old, A, torch.ones_like(A)), old)
     assert torch.equal(g_ppo, -A) and torch.equal(g_cis, -A) and torch.equal(g_kl, -A)
     keep = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
-    fix = TF.TokenFix("entropy_top", GRPOConfig(), mask=keep)
+    fix = TF.TokenFix("entropy_top", TrainConfig(), mask=keep)
     g_et, _, _ = d_loss_d_logp(lambda lp: fix(lp, old, A, slice(None)), old)
     assert torch.equal(g_et, -A * keep)
 
@@ -175,10 +175,10 @@ def _batch(temperature=1.0):
     r = sample_groups(model, prompts, group_size=4, max_new_tokens=12, temperature=temperature,
                       eos_token_id=EOS, pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
     rewards = torch.tensor([3.0, -0.5, -1.0, 3.0, -3.0, -1.0, -3.0, 3.0, 3.0, -1.0, -0.5, -0.5])
-    b = batch_from_rollout(r, group_advantages(rewards, 4))
-    cfg = GRPOConfig(temperature=temperature, kl_coef=0.0, grad_clip=1e9, mini_batch_size=12,
-                     micro_batch_size=12)
-    b["old_logprobs"] = batch_logprobs(model, b, cfg)        # rho = 1 exactly in the first step
+    b = update_batch(r, group_advantages(rewards, 4))
+    cfg = TrainConfig(temperature=temperature, kl_coef=0.0, grad_clip=1e9, mini_batch_size=12,
+                      micro_batch_size=12)
+    b = replace(b, old_logprobs=batch_logprobs(model, b, cfg))    # rho = 1 exactly in the first step
     return model, b, cfg
 
 
@@ -187,12 +187,12 @@ def test_entropy_is_the_full_distributions():
     cfg.temperature = 0.7
     H = TF.batch_entropies(model, b, cfg)
     with torch.no_grad():
-        P = b["prompt_len"]
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        P = b.prompt_len
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
         logq = torch.log_softmax(logits[:, P - 1:-1].float() / 0.7, -1)
-        want = -(logq.exp() * logq).sum(-1) * b["response_mask"]
+        want = -(logq.exp() * logq).sum(-1) * b.response_mask
     assert float((H - want).abs().max()) < 1e-4
-    assert (H[b["response_mask"] == 0] == 0).all()
+    assert (H[b.response_mask == 0] == 0).all()
 
 
 def test_entropy_top_trains_mostly_on_low_probability_tokens():
@@ -202,14 +202,14 @@ def test_entropy_top_trains_mostly_on_low_probability_tokens():
     GRPO's -- the opposite of AR, which lowers it."""
     model, b, cfg = _batch()
     fix = TF.build("entropy_top", model, b, cfg)
-    valid = b["response_mask"]
+    valid = b.response_mask
     assert 0.2 <= fix.fraction(valid) < 0.25
-    bins = mechanism.bin_masks(b["old_logprobs"].exp(), valid)
+    bins = mechanism.bin_masks(b.old_logprobs.exp(), valid)
     low_all = float((bins[0] + bins[1]).sum() / valid.sum())
     low_kept = float(((bins[0] + bins[1]) * fix.mask).sum() / fix.mask.sum())
     assert low_kept >= 0.9 and low_kept > low_all + 0.1
-    grpo = mechanism.gradient_sq_shares(model, b, None, cfg)
-    ours = mechanism.gradient_sq_shares(model, b, None, cfg, fix)
+    grpo = mechanism.gradient_sq_shares(model, b, cfg)
+    ours = mechanism.gradient_sq_shares(model, b, cfg, fix)
     assert ours[0] + ours[1] > grpo[0] + grpo[1]
 
 
@@ -226,7 +226,7 @@ class Recorder(torch.optim.SGD):
 def _grads(model, b, cfg, fix=None, lr=1e-2):
     m = copy.deepcopy(model)
     opt = Recorder(m.parameters(), lr)
-    grpo_update(m, None, opt, b, cfg, pg_loss=fix)
+    grpo_update(m, opt, b, cfg, pg_loss=fix)
     return opt.grads
 
 
@@ -237,7 +237,7 @@ def test_one_pass_cispo_and_kl_cov_equal_grpo_then_differ():
     cfg.ppo_epochs = 2
     g0 = _grads(model, b, cfg)
     for method in ("cispo", "kl_cov"):
-        fix = TF.build(method, model, b, cfg, kl_cov_ratio=0.2)
+        fix = TF.build(method, model, b, replace(cfg, kl_cov_ratio=0.2))
         g = _grads(model, b, cfg, fix)
         assert float((g[0] - g0[0]).abs().max()) <= 1e-6 * float(g0[0].abs().max())
         assert float((g[1] - g0[1]).abs().max()) > 1e-3 * float(g0[1].abs().max())
@@ -248,10 +248,10 @@ def test_selections_do_not_depend_on_the_micro_batch_size():
     one of 12 (up to float summation order)."""
     model, b, cfg = _batch()
     for method in ("entropy_top", "clip_cov"):
-        fix = TF.build(method, model, b, cfg, clip_cov_ratio=0.1, generator=torch.Generator().manual_seed(0))
+        fix = TF.build(method, model, b, replace(cfg, clip_cov_ratio=0.1), torch.Generator().manual_seed(0))
         assert fix.mask.sum() > 0
         whole = _grads(model, b, cfg, fix)[0]
-        small = _grads(model, b, GRPOConfig(**{**cfg.__dict__, "micro_batch_size": 3}), fix)[0]
+        small = _grads(model, b, replace(cfg, micro_batch_size=3), fix)[0]
         assert float((whole - small).abs().max()) <= 1e-5 * float(whole.abs().max())
         assert float((whole - _grads(model, b, cfg)[0]).abs().max()) > 1e-3 * float(whole.abs().max())
 
@@ -270,7 +270,7 @@ def test_config_options_and_validation():
         with pytest.raises(TrainError):
             make_config("ci", method="kl_cov", **bad)
     with pytest.raises(ValueError, match="unknown token fix"):
-        TF.build("grpo", None, {"response_mask": torch.ones(1, 1)}, GRPOConfig())
+        TF.build("grpo", None, None, TrainConfig())
 
 
 def test_token_fixes_grid():

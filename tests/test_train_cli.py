@@ -101,8 +101,8 @@ def test_help_shows_only_real_defaults(capsys):
 
 def test_rebuild_budget_named_in_train_py_is_the_recipe_s():
     """train.py names the recipe's stage-1 steps in literals (no torch import for --help, or
-    before the missing-checkpoint error); they must not drift from warmstart.STAGE1_STEPS."""
-    from lopti_minimal.warmstart import STAGE1_STEPS, STAGE2_MINUTES
+    before the missing-checkpoint error); they must not drift from experiments/warmstart.py's."""
+    from lopti_minimal.experiments.warmstart import STAGE1_STEPS, STAGE2_MINUTES
     text = open(ROOT / "train.py").read()
     assert train_cli.parse_args([]).warmstart_minutes is None          # the recipe's own budget
     assert text.count(f"{STAGE1_STEPS:,} steps") == 2 and f"then {STAGE2_MINUTES:g} minutes" in text
@@ -130,4 +130,4 @@ def test_options_come_from_the_config_fields():
     with_help = [f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("help")]
     assert set(with_help) <= set(vars(train_cli.parse_args([])))
     cfg = make_config("ci", **overrides(train_cli.parse_args(["--method", "lopti"])))
-    assert (cfg.steps, cfg.eta, cfg.alpha) == (2, 0.4, 0.3)      # the preset's steps, the paper's eta
+    assert (cfg.steps, cfg.eta, cfg.alpha) == (2, 0.4, None)     # the preset's steps, the paper's eta

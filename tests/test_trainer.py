@@ -1,14 +1,14 @@
-"""The RL loop (lopti_minimal/trainer.py): config validation, per-step seeding, rollout
-layout, checkpoints, and the exact-resume guarantee."""
+"""The RL loop (lopti_minimal/trainer.py, plumbing.py): config validation, per-step seeding,
+rollout layout, checkpoints, and the exact-resume guarantee."""
 import json
 import math
 
 import pytest
 import torch
 
-from conftest import load_script
-from lopti_minimal import models, runs, trainer
-from lopti_minimal.trainer import TrainError, make_config
+from conftest import ROOT, load_script
+from lopti_minimal import config, models, plumbing, precision, runs, trainer
+from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
 
 TIMING = ("sample_s", "update_s", "step_s", "mechanism_s")
 
@@ -36,7 +36,7 @@ def strip(ms):
 # ----------------------------------------------------------------------------- config
 
 def test_presets_are_valid_and_gpu_presets_keep_reference_values():
-    for name in trainer.PRESETS:
+    for name in config.PRESETS:
         make_config(name)
     for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"):
         c = make_config(name)
@@ -53,8 +53,41 @@ def test_method_alone_takes_the_papers_setting_and_explicit_values_win():
     assert (c.alpha, c.eta) == (0.3, 0.5)
     assert make_config(method="lopti", eta=0.7).eta == 0.7 and make_config(method="ar", alpha=0.0).alpha == 0.0
     # A saved config keeps its values (a resumed run does not change its knobs).
-    saved = trainer.config_to_json(make_config(method="lopti", eta=0.6))
-    assert trainer.config_from_json(saved).eta == 0.6
+    saved = config_to_json(make_config(method="lopti", eta=0.6))
+    assert config_from_json(saved).eta == 0.6
+
+
+def test_a_method_records_only_the_knobs_it_uses():
+    """A GRPO run has no alpha or eta (None in run.json); AR no eta, Lopti no alpha. Giving
+    one to a method that does not use it is an error, not a silently ignored option."""
+    assert [(make_config(method=m).alpha, make_config(method=m).eta) for m in config.PAPER_METHODS] \
+        == [(None, None), (0.2, None), (None, 0.4), (0.3, 0.5)]
+    assert config_to_json(make_config(method="grpo"))["alpha"] is None
+    for kw in (dict(method="grpo", alpha=0.3), dict(method="ar", eta=0.5), dict(method="lopti", alpha=0.1)):
+        with pytest.raises(TrainError, match="does not use it"):
+            make_config(**kw)
+    assert make_config(method="grpo").low_eta == config.LOW_FRACTION_ETA == 0.5
+    assert config.uses_ar("ar_lopti") and config.uses_lopti("ar_lopti") and not config.uses_ar("cispo")
+
+
+def test_config_from_json_reads_older_configs():
+    """The rule for configs saved by older versions: an unknown (removed) key is dropped, a
+    missing field takes the value the code had before it existed (MISSING_DEFAULTS, else the
+    default), and a GRPO config that recorded the unused alpha / eta reads as None."""
+    old = config_to_json(make_config("ci", method="grpo"))
+    for k in ("kl_log_ratio_clamp", "adam_betas", "adv_eps", "loss_agg_mode", "ppo_epochs", "estimator"):
+        del old[k]
+    old.update(alpha=0.3, eta=0.5, kl_type="low_var_kl", entropy_coef=0.0)
+    cfg = config_from_json(old)
+    assert cfg.kl_log_ratio_clamp == 20.0 and cfg.ppo_epochs == 1 and cfg.adam_betas == (0.9, 0.999)
+    assert (cfg.alpha, cfg.eta, cfg.method, cfg.steps) == (None, None, "grpo", 2)
+    # Every run the repository ships reads back, and round-trips.
+    shipped = sorted(ROOT.glob("results/**/run.json"))
+    for path in shipped:
+        saved = runs.saved_config(path.parent)
+        if saved is not None:
+            c = config_from_json(saved)
+            assert config_from_json(json.loads(json.dumps(config_to_json(c)))) == c, path
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -70,33 +103,33 @@ def test_bad_config_is_rejected(kw, words):
 
 def test_config_json_round_trip():
     c = make_config("cpu-tiny", seed=3)
-    assert trainer.config_from_json(json.loads(json.dumps(trainer.config_to_json(c)))) == c
+    assert config_from_json(json.loads(json.dumps(config_to_json(c)))) == c
 
 
 # ----------------------------------------------------------------------------- seeding
 
 def test_step_prompts_cover_each_epoch_and_depend_only_on_seed_and_step():
     n, k = 10, 3
-    seen = [i for s in range(10) for i in trainer.step_prompt_indices(0, s, k, n)]
+    seen = [i for s in range(10) for i in plumbing.step_prompt_indices(0, s, k, n)]
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
-    assert trainer.step_prompt_indices(0, 7, k, n) == trainer.step_prompt_indices(0, 7, k, n)
-    assert trainer.step_prompt_indices(0, 7, k, n) != trainer.step_prompt_indices(1, 7, k, n)
-    a = torch.rand(5, generator=trainer.step_generator(0, 4))
-    assert torch.equal(a, torch.rand(5, generator=trainer.step_generator(0, 4)))
-    assert not torch.equal(a, torch.rand(5, generator=trainer.step_generator(0, 5)))
+    assert plumbing.step_prompt_indices(0, 7, k, n) == plumbing.step_prompt_indices(0, 7, k, n)
+    assert plumbing.step_prompt_indices(0, 7, k, n) != plumbing.step_prompt_indices(1, 7, k, n)
+    a = torch.rand(5, generator=plumbing.step_generator(0, 4))
+    assert torch.equal(a, torch.rand(5, generator=plumbing.step_generator(0, 4)))
+    assert not torch.equal(a, torch.rand(5, generator=plumbing.step_generator(0, 5)))
 
 
 # ----------------------------------------------------------------------------- rollouts
 
 def test_concat_rollouts_keeps_the_layout():
-    from lopti_minimal.sampling import Rollout
+    from lopti_minimal.sampling import Rollout, concat_rollouts
 
     def ro(P, R, fill):
         ids = torch.full((2, P + R), fill)
         am = torch.ones(2, P + R, dtype=torch.long)
-        return Rollout(ids, am, ids[:, P:], torch.ones(2, R), torch.full((2, R), -0.5), P, 2)
+        return Rollout(ids, am, ids[:, P:], torch.ones(2, R), P, 2, old_logprobs=torch.full((2, R), -0.5))
 
-    c = trainer.concat_rollouts([ro(3, 2, 7), ro(5, 4, 8)], pad_token_id=0)
+    c = concat_rollouts([ro(3, 2, 7), ro(5, 4, 8)], pad_token_id=0)
     assert c.prompt_len == 5 and c.response_ids.shape == (4, 4) and c.input_ids.shape == (4, 9)
     assert c.attention_mask[0].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0]     # left pad, right pad
     assert c.response_mask[0].tolist() == [1, 1, 0, 0]
@@ -105,10 +138,10 @@ def test_concat_rollouts_keeps_the_layout():
 
 def test_rl_step_first_ratio_is_exactly_one_under_bf16_autocast(nano_dir, tmp_path):
     cfg = small_cfg(nano_dir, tmp_path, method="grpo", autocast_bf16=True)
-    model, tok = trainer.load_policy(cfg)
-    records, _ = trainer.rl_prompt_set(cfg, progress=False)
+    model, tok = plumbing.load_policy(cfg)
+    records, _ = plumbing.rl_prompt_set(cfg, progress=False)
     records, ids = models.encode_prompts(records[:2], tok, "auto", 256)
-    m = trainer.rl_step(model, trainer.frozen_copy(model), trainer.make_optimizer(model, cfg),
+    m = trainer.rl_step(model, precision.reference_copy(model), precision.build_optimizer(model, cfg),
                         tok, records, ids, cfg, 0, length_reward)
     assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0
     assert m["kl"] == 0.0 and m["grad_norm"] > 0
@@ -137,7 +170,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
     run_b = cfg_b.run_dir
     assert [s for s, _ in runs.checkpoints(run_b)] == [2]
     assert len((tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()) == 3
-    b = trainer.train(trainer.resume_config(run_b, progress=False), resume=True,
+    b = trainer.train(plumbing.resume_config(run_b, progress=False), resume=True,
                       reward_fn=length_reward, log=lambda s: None)
 
     assert strip(a["metrics"]) == strip(b["metrics"])
@@ -151,12 +184,12 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
 
 
 def test_keep_checkpoints_zero_keeps_every_checkpoint(nano_dir, tmp_path):
-    # 0 = keep all (to evaluate the policy along a run); it once deleted them all instead.
+    # 0 = keep all (to evaluate the policy along a run), not "keep none".
     cfg = small_cfg(nano_dir, tmp_path, steps=3, save_every=1, keep_checkpoints=0, method="grpo")
     trainer.train(cfg, log=lambda s: None)
     assert [s for s, _ in runs.checkpoints(tmp_path / "run")] == [1, 2, 3]
     with pytest.raises(TrainError, match="keep-checkpoints"):
-        trainer.validate(small_cfg(nano_dir, tmp_path, keep_checkpoints=-1))
+        config.validate(small_cfg(nano_dir, tmp_path, keep_checkpoints=-1))
 
 
 def test_run_dir_layout_and_refusals(nano_dir, tmp_path):
@@ -174,35 +207,39 @@ def test_run_dir_layout_and_refusals(nano_dir, tmp_path):
     with pytest.raises(TrainError, match="exists"):
         trainer.train(cfg, log=lambda s: None)
     with pytest.raises(TrainError, match="not a lopti-minimal run"):
-        trainer.resume_config(tmp_path)
+        plumbing.resume_config(tmp_path)
     with pytest.raises(TrainError, match="no such directory"):
-        trainer.resume_config(tmp_path / "missing")
+        plumbing.resume_config(tmp_path / "missing")
 
 
 def test_unreadable_rl_data_is_a_train_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    with pytest.raises(TrainError, match="cannot read"):
-        trainer.load_records(bad)
-    with pytest.raises(TrainError, match="cannot read"):
-        trainer.load_records(tmp_path / "missing.jsonl")
+
+    def read(path):
+        return plumbing.rl_prompt_set(make_config("ci", rl_data=str(path)))
+
+    with pytest.raises(TrainError, match="cannot read K&K data"):
+        read(bad)
+    with pytest.raises(TrainError, match="cannot read K&K data"):
+        read(tmp_path / "missing.jsonl")
     bad.write_text('{"quiz": "x"}\n')
     with pytest.raises(TrainError, match="not a K&K record"):
-        trainer.load_records(bad)
+        read(bad)
 
 
 def test_memory_estimate_follows_the_precision_policy():
     # 0.5B with float32 master weights and AdamW: 4 + 4 + 8 B/param, a bf16 reference.
-    small = trainer.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1)
+    small = plumbing.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1)
     assert (small["weights"], small["grads"], small["optimizer"], small["reference"]) == (2.0, 2.0, 4.0, 1.0)
     # 8-bit AdamW over bf16 weights: 2 B/param of state; the same model, less memory.
-    low = trainer.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, optimizer="adamw8bit",
-                                     weights="bfloat16")
+    low = plumbing.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, optimizer="adamw8bit",
+                                      weights="bfloat16")
     assert (low["weights"], low["optimizer"]) == (1.0, 1.0) and low["peak"] < small["peak"]
     # Every GPU preset fits the GPU it is sized for (benchmarks/memory_table.py's rows).
     mt = load_script("benchmarks/memory_table.py")
     for name, cfg, m in mt.rows():
-        assert m["peak"] + 1 <= trainer.GPU_MEMORY_GB[name], (name, m["peak"])
+        assert m["peak"] + 1 <= config.GPU_MEMORY_GB[name], (name, m["peak"])
 
 
 # ----------------------------------------------------------------------------- learning
@@ -214,12 +251,11 @@ def test_rl_selects_derivations_and_raises_the_reward(tmp_path):
     RL selects -- and the mean reward rises.
 
     The gradient tests prove each piece; this proves the pieces add up to learning. The
-    default run shows the same on new puzzles (docs/EXPERIMENTS.md, "What the default run does"): its
-    share of derivations rose 0.23-0.36 -> 0.73-0.88 between steps 1-3 and 8-10 in each of
-    three seeds. A few responses reach the 640-token cap (at most 3 of 64 in a step of
+    default run shows the same on new puzzles: its share of derivations rose 0.23-0.36 ->
+    0.73-0.88 between steps 1-3 and 8-10 in each of three seeds. A few responses reach the 640-token cap (at most 3 of 64 in a step of
     those runs; no well-formed 3-person derivation is that long, next test)."""
     from lopti_minimal.task import dataset, kk
-    warm = trainer.ROOT / "checkpoints" / "tiny-warm"
+    warm = ROOT / "checkpoints" / "tiny-warm"
     data = tmp_path / "eight.jsonl"
     kk.save_jsonl(dataset.generate_records(3, 8, seed=7), data)
     cfg = make_config("cpu-tiny", model=str(warm), rl_data=str(data), prompts_per_step=8, steps=10,
@@ -245,7 +281,7 @@ def test_the_default_cap_holds_every_three_person_derivation():
     import random
     from lopti_minimal.models import load_model_and_tokenizer
     from lopti_minimal.task import behaviours, dataset
-    _, tok = load_model_and_tokenizer(str(trainer.ROOT / "checkpoints" / "tiny-warm"), device="cpu")
+    _, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / "tiny-warm"), device="cpu")
     records = dataset.generate_records(3, 100, seed=3) + dataset.generate_unsolvable_records(3, 30, seed=3)
     texts = [behaviours.derive_response(r) for r in records]
     texts += [behaviours.derive_response(r, random.Random(i), True) for r in records for i in range(3)]

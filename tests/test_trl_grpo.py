@@ -23,9 +23,12 @@ trl = pytest.importorskip("trl")   # CI installs it (requirements-trl.txt)
 import torch  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
-from lopti_minimal import trainer as T  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from lopti_minimal import config as T  # noqa: E402
 from lopti_minimal.grpo import (batch_logprobs, group_advantages, grpo_update,  # noqa: E402
                                 token_advantages)
+from lopti_minimal.sampling import Rollout  # noqa: E402
 from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
 from lopti_minimal.reweight import reweight_advantages  # noqa: E402
 from lopti_minimal.sampling import sample_groups  # noqa: E402
@@ -206,7 +209,6 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
 
 def run_ours(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_clip=1e9):
     cfg = config(method, grad_clip=grad_clip, lr=lr)
-    gcfg = cfg.grpo_config()
     tok = setting["tok"]
     _, rewards = reward_of(setting)
     model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
@@ -218,20 +220,20 @@ def run_ours(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_c
     resp = torch.tensor([c + [tok.pad_token_id] * (R - len(c)) for c in comps])
     rmask = torch.tensor([[1.0] * len(c) + [0.0] * (R - len(c)) for c in comps])
     prompts = torch.tensor([setting["prompt_ids"][i // G] for i in range(len(comps))])
-    batch = {"input_ids": torch.cat([prompts, resp], 1),
-             "attention_mask": torch.cat([torch.ones_like(prompts), rmask.long()], 1),
-             "response_mask": rmask, "prompt_len": prompts.shape[1]}
-    batch["old_logprobs"] = batch_logprobs(model, batch, gcfg)
+    batch = Rollout(input_ids=torch.cat([prompts, resp], 1),
+                    attention_mask=torch.cat([torch.ones_like(prompts), rmask.long()], 1),
+                    response_ids=resp, response_mask=rmask, prompt_len=prompts.shape[1], group_size=G)
+    batch = replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
     adv = token_advantages(group_advantages(rewards, G), rmask)
     if cfg.uses_ar:
-        adv = reweight_advantages(adv, batch["old_logprobs"], cfg.alpha)
-    batch["advantages"] = adv
+        adv = reweight_advantages(adv, batch.old_logprobs, cfg.alpha)
+    batch = replace(batch, advantages=adv, ref_logprobs=batch_logprobs(ref, batch, cfg))
     p0 = flat(model)
     if cfg.uses_lopti:
-        lopti_update(model, ref, opt, batch, gcfg, eta=cfg.eta, order=order)
+        lopti_update(model, opt, batch, cfg, eta=cfg.eta, order=order)
     else:
-        grpo_update(model, ref, opt, batch, gcfg)
-    low, high = split_by_probability(batch["old_logprobs"], rmask, cfg.eta)
+        grpo_update(model, opt, batch, cfg)
+    low, high = split_by_probability(batch.old_logprobs, rmask, cfg.low_eta)
     return p0, flat(model), opt.grads, (low.sum().item(), high.sum().item())
 
 
@@ -257,15 +259,15 @@ def test_mapping_table():
 MAX_DIFFS = {}
 
 
-@pytest.mark.parametrize("method", ["grpo", "ar", "lopti", "ar_lopti"])
+@pytest.mark.parametrize("method", T.PAPER_METHODS)
 def test_sgd_update_equals_ours(setting, method, tmp_path):
     """Parameters after the update (one SGD step, two for Lopti) equal ours."""
     p0, p_trl, g_trl = run_trl(setting, method, tmp=str(tmp_path))
     q0, p_ours, g_ours, (n_low, n_high) = run_ours(setting, method)
     assert torch.equal(p0, q0)
-    if method in ("lopti", "ar_lopti"):
+    if T.uses_lopti(method):
         assert n_low > 0 and n_high > 0, "both Lopti stages must have tokens in this batch"
-    assert len(g_trl) == len(g_ours) == (2 if "lopti" in method else 1)
+    assert len(g_trl) == len(g_ours) == (2 if T.uses_lopti(method) else 1)
     d_trl, d_ours = p_trl - p0, p_ours - p0
     scale = float(d_ours.abs().max())
     assert scale > 1e-6, "the update must move the weights"
@@ -311,7 +313,7 @@ def test_methods_differ(setting):
     ar = run_ours(setting, "ar")
     assert float(((ar[1] - ar[0]) - u0).abs().max()) > 0.05 * float(u0.abs().max())
     full = base[2][0]
-    for m in ("lopti", "ar_lopti"):
+    for m in filter(T.uses_lopti, T.METHODS):
         stage1, stage2 = run_ours(setting, m)[2]
         for g in (stage1, stage2):
             assert float((g - full).abs().max()) > 0.05 * float(full.abs().max())
@@ -403,8 +405,9 @@ def _prepared(setting, method, tmp_path):
     inputs = {"prompt_ids": pids, "prompt_mask": torch.ones_like(pids), "completion_ids": cids,
               "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old,
               "ref_per_token_logps": ref, "num_items_in_batch": cmask.sum()}
-    batch = {"input_ids": ids, "attention_mask": am, "response_mask": cmask.float(),
-             "old_logprobs": old, "advantages": adv, "prompt_len": pids.shape[1], "ref": ref}
+    batch = Rollout(input_ids=ids, attention_mask=am, response_ids=cids, response_mask=cmask.float(),
+                    prompt_len=pids.shape[1], group_size=G, old_logprobs=old, advantages=adv,
+                    ref_logprobs=ref)
     return trainer, model, inputs, batch, cfg
 
 
@@ -418,7 +421,7 @@ def _trl_loss_and_grad(trainer, model, inputs):
 def _our_loss_and_grad(model, batch, cfg, fix):
     """One grpo_update with the method's hook and an lr-0 SGD: its loss and gradient."""
     opt = RecordingSGD(model.parameters(), lr=0.0)
-    m = grpo_update(model, batch["ref"], opt, batch, cfg.grpo_config(), pg_loss=fix)
+    m = grpo_update(model, opt, batch, cfg, pg_loss=fix)
     return m["loss"], opt.grads[0]
 
 
@@ -442,12 +445,12 @@ def test_delta_is_the_dual_clip(setting, tmp_path):
     loss differs (so the check is sensitive)."""
     from lopti_minimal.grpo import kl_k3, policy_loss, token_logprobs
     trainer, model, inputs, batch, cfg = _prepared(setting, "grpo", tmp_path)
-    ids, am, old, ref, adv = (batch[k] for k in ("input_ids", "attention_mask", "old_logprobs", "ref",
-                                                 "advantages"))
-    m = batch["response_mask"]
+    ids, am, old, ref, adv = batch.input_ids, batch.attention_mask, batch.old_logprobs, \
+        batch.ref_logprobs, batch.advantages
+    m = batch.response_mask
     l_trl, g_trl = _trl_loss_and_grad(trainer, model, inputs)
     model.zero_grad()
-    logp = token_logprobs(model, ids, am, batch["prompt_len"], TEMPERATURE)
+    logp = token_logprobs(model, ids, am, batch.prompt_len, TEMPERATURE)
     pg, st = policy_loss(logp, old, adv, cfg.eps_low, cfg.eps_high, cfg.clip_c)
     assert st["dual_clipped"][m > 0].any(), "no dual-clipped token"
     ours = ((pg + cfg.kl_coef * kl_k3(logp, ref)) * m).sum() / m.sum()
@@ -477,14 +480,14 @@ def test_entropy_top_equals_trls_top_entropy_quantile(setting, tmp_path):
     from lopti_minimal import token_fixes as TF
     trainer, model, inputs, batch, cfg = _prepared(setting, "entropy_top", tmp_path)
     assert trainer.args.top_entropy_quantile == 0.2 and trainer.args.loss_type == "dapo"
-    fix = TF.build("entropy_top", model, batch, cfg.grpo_config())
-    m = batch["response_mask"]
+    fix = TF.build("entropy_top", model, batch, cfg)
+    m = batch.response_mask
     # the entropies TRL's fused head computes, and its mask
     with torch.no_grad():
         _, H_trl, _ = trainer._get_per_token_logps_and_entropies(
-            model, batch["input_ids"], batch["attention_mask"], inputs["completion_ids"].size(1),
+            model, batch.input_ids, batch.attention_mask, inputs["completion_ids"].size(1),
             compute_entropy=True)
-    H_ours = TF.batch_entropies(model, batch, cfg.grpo_config())
+    H_ours = TF.batch_entropies(model, batch, cfg)
     assert float(((H_trl - H_ours) * m).abs().max()) < 1e-5
     trl_mask = trainer.get_high_entropy_mask(H_trl, m, 1 - 0.2).float()
     assert torch.equal(trl_mask, fix.mask) and 0 < fix.fraction(m) < 0.3
@@ -509,8 +512,7 @@ def test_cispo_equals_trls_loss_type_cispo(setting, tmp_path):
     from lopti_minimal import token_fixes as TF
     trainer, model, inputs, batch, cfg = _prepared(setting, "cispo", tmp_path)
     assert trainer.args.loss_type == "cispo" and trainer.epsilon_high == 5.0
-    fix = TF.build("cispo", model, batch, cfg.grpo_config(), cispo_eps_low=cfg.cispo_eps_low,
-                   cispo_eps_high=cfg.cispo_eps_high)
+    fix = TF.build("cispo", model, batch, cfg)
     l_ours, g_ours = _assert_same_update(trainer, model, inputs, batch, cfg, fix, "cispo")
     _, g_ppo = _our_loss_and_grad(model, batch, cfg, None)
     assert float((g_ppo - g_ours).abs().max()) > 1e-2 * float(g_ours.abs().max())

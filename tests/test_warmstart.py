@@ -9,11 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import ROOT, load_script
-from lopti_minimal import warmstart
+from lopti_minimal.experiments import warmstart, warmstart_data
+from lopti_minimal.experiments.warmstart import WarmStartConfig, lr_at, response_loss, size_weights
+from lopti_minimal.experiments.warmstart_data import bucketed_batches, collate, encode_example
 from lopti_minimal.models import count_parameters, kk_prompt, load_model_and_tokenizer, make_tiny_model
 from lopti_minimal.task import dataset, kk, prompts
-from lopti_minimal.warmstart import (WarmStartConfig, bucketed_batches, collate, encode_example,
-                                     lr_at, response_loss, size_weights)
 
 SHIPPED = os.path.join(ROOT, "checkpoints", "tiny-warm")          # the default: two behaviours
 DERIVE = os.path.join(ROOT, "checkpoints", "tiny-derive")         # canonical derivations only
@@ -45,7 +45,7 @@ def test_collate_masks_prompt_and_padding_and_keeps_eos(kk_tokenizer):
     tok = kk_tokenizer
     ex = [_example(tok, 3, 0)[1], _example(tok, 4, 1)[1]]
     ids, attn, mask = collate(ex, tok.pad_token_id)
-    assert ids.shape[1] % warmstart.PAD_MULTIPLE == 0
+    assert ids.shape[1] % warmstart_data.PAD_MULTIPLE == 0
     for b, (seq, n_prompt) in enumerate(ex):
         L = len(seq)
         assert attn[b].sum() == L and (ids[b, L:] == tok.pad_token_id).all()
@@ -136,9 +136,9 @@ def test_schedule_and_curriculum():
 
 
 def test_puzzle_stream_mixes_in_the_asked_share_of_unsolvable_puzzles():
-    plain = warmstart.PuzzleStream(seed=3, exclude=set(), chunk=64)
+    plain = warmstart_data.PuzzleStream(seed=3, exclude=set(), chunk=64)
     assert all(kk.count_solutions(kk.record_statements(plain.next(3))) == 1 for _ in range(50))
-    mixed = warmstart.PuzzleStream(seed=3, exclude=set(), chunk=64, unsolvable_share=0.25)
+    mixed = warmstart_data.PuzzleStream(seed=3, exclude=set(), chunk=64, unsolvable_share=0.25)
     drawn = [mixed.next(3) for _ in range(400)]
     unsolvable = [r for r in drawn if r.get("solvable") is False]
     assert 0.18 < len(unsolvable) / len(drawn) < 0.32
@@ -255,7 +255,7 @@ def test_shipped_warm_start_mostly_guesses_greedy_and_derives_when_sampled():
 def test_shipped_warm_start_samples_tokens_of_every_probability():
     """The shipped warm start's phrasing (phrasing.py, learned from the first step): at the
     rollout temperature a fifth of its sampled tokens have pi_old < 0.5 (measured 0.22 on
-    256 samples, docs/TWO_BEHAVIOURS.md; tiny-derive 0.012), in the derivations as much as
+    256 samples; tiny-derive 0.012), in the derivations as much as
     in the guesses. scripts/token_bins.py's measurement, on 6 puzzles x 8 samples."""
     tb = load_script("scripts/token_bins.py")
     model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
@@ -334,7 +334,7 @@ def test_tiny_derive_record_meets_the_targets():
 
 
 def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
-    """scripts/teacher_forced_errors.py (quoted in docs/RL_FROM_DERIVE.md): every response token gets
+    """scripts/teacher_forced_errors.py: every response token gets
     exactly one kind of line, the derivation's kinds are all present, and the counts of
     wrong tokens are bounded by the token counts."""
     tfe = load_script("scripts/teacher_forced_errors.py")
@@ -347,7 +347,7 @@ def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
     model, tok = tiny_warm
     recs = kk.load_official([3])[:2]
     tokens, wrong, nll, first = tfe.errors_for(model, tok, recs)
-    encoded = [encode_example(tok, warmstart.default_prompt(r), warmstart.default_response(r)) for r in recs]
+    encoded = [encode_example(tok, warmstart_data.default_prompt(r), warmstart_data.default_response(r)) for r in recs]
     n_response = sum(len(ids) - n_prompt for ids, n_prompt in encoded)
     assert sum(tokens.values()) == n_response
     assert {"claim", "try", "check", "found", "other"} <= set(tokens)
@@ -355,7 +355,7 @@ def test_teacher_forced_errors_attributes_every_response_token(tiny_warm):
 
 
 def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop():
-    """scripts/format_errors.py (quoted in docs/RL_FROM_DERIVE.md) on hand-made responses."""
+    """scripts/format_errors.py on hand-made responses."""
     fe = load_script("scripts/format_errors.py")
     ran_out = "\ntry A=T\n  A=T: B=F = F bad\ntry A=F\ntry A=F B=T\n  x bad\ntry A=F B=F\n  x bad\ntry A=F B=T\n"
     mid = "\ntry A=T\ntry A=T B=T\n  x bad\ntry A=T\n"
@@ -366,7 +366,7 @@ def test_format_errors_script_tells_an_exhausted_search_from_a_mid_search_loop()
 
 
 def test_warmstart_curves_script_lines_up_two_runs_by_evaluation(tmp_path):
-    """scripts/warmstart_curves.py (quoted in docs/TWO_BEHAVIOURS.md): one row per
+    """scripts/warmstart_curves.py: one row per
     evaluation, each run's step and accuracies in its own columns, a shorter run blank."""
     wc = load_script("scripts/warmstart_curves.py")
     ev = lambda step, acc, final=False: {"step": step, "minutes": step / 100, "final": final,  # noqa: E731
@@ -456,7 +456,7 @@ def test_resume_writes_where_it_was_told_not_where_the_run_first_wrote(kk_tokeni
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")   # runpy: the module is imported
 def test_a_state_saved_under_python_m_loads_from_any_entry_point(tmp_path, monkeypatch):
-    """Run as `python -m lopti_minimal.warmstart` the file is the module __main__, and a
+    """Run as `python -m lopti_minimal.experiments.warmstart` the file is the module __main__, and a
     state pickled from there would name __main__'s classes (unloadable from train.py or
     here). The file's main block hands over to the importable module, so it does not."""
     import runpy
@@ -468,6 +468,36 @@ def test_a_state_saved_under_python_m_loads_from_any_entry_point(tmp_path, monke
                                       "--eval-per-size", "0", "--heldout-per-size", "0",
                                       "--final-eval-per-size", "0", "--no-progress", "--out", out])
     with pytest.raises(SystemExit):
-        runpy.run_module("lopti_minimal.warmstart", run_name="__main__")
+        runpy.run_module("lopti_minimal.experiments.warmstart", run_name="__main__")
     _, _, state = warmstart.load_state(out)
     assert type(state["config"]) is WarmStartConfig and state["step"] == 2
+
+
+def test_a_shipped_checkpoint_is_overwritten_only_when_asked(tmp_path, monkeypatch, capsys):
+    """--out is required, and a run (one, a recipe, or a resumed one) that would write into
+    a checkpoint the repository ships is refused with its name unless --overwrite-shipped
+    is given (train.py --rebuild-warmstart gives it)."""
+    seen = []
+    monkeypatch.setattr(warmstart, "warm_start", lambda c, **k: seen.append(c.out) or (None, None, []))
+    with pytest.raises(SystemExit) as e:
+        warmstart.main(["--steps", "1"])
+    assert e.value.code == 2 and "--out is required" in capsys.readouterr().err
+    for args in (["--out", SHIPPED], ["--out", "checkpoints/tiny-warm/"], ["--recipe", "--out", SHIPPED],
+                 ["--resume", DERIVE]):
+        monkeypatch.chdir(ROOT)
+        with pytest.raises(SystemExit) as e:
+            warmstart.main(args + ["--steps", "1"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "would overwrite the shipped checkpoint checkpoints/tiny-" in err, (args, err)
+        assert len(err.strip().splitlines()) == 1
+    assert seen == [] and warmstart.shipped_checkpoint(str(tmp_path / "mine")) is None
+    warmstart.main(["--out", SHIPPED, "--steps", "1", "--overwrite-shipped"])
+    warmstart.main(["--out", str(tmp_path / "mine"), "--steps", "1"])
+    assert seen == [SHIPPED, str(tmp_path / "mine")]
+    # the recipe passes the permission on to both of its runs
+    runs = []
+    monkeypatch.setattr(warmstart, "resume_plan", lambda r: r)
+    real_main = warmstart.main
+    monkeypatch.setattr(warmstart, "main", lambda argv: runs.append(argv) if argv[0] != "--recipe" else real_main(argv))
+    real_main(["--recipe", "--out", SHIPPED, "--overwrite-shipped"])
+    assert len(runs) == 2 and all("--overwrite-shipped" in r for r in runs)

@@ -26,6 +26,7 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -34,14 +35,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..grpo import (GRPOConfig, batch_from_rollout, batch_logprobs, group_advantages,
-                   grpo_update, reference_adamw, token_advantages, token_logprobs)
+from ..config import PAPER_METHODS, PAPER_SETTINGS, TrainConfig
+from ..grpo import batch_logprobs, group_advantages, grpo_update, token_advantages, token_logprobs
 from ..lopti import lopti_update
 # The paper's fixed bins of pi_old (Fig. 1, Fig. 3), shared with the trainer's per-step metrics.
-from ..mechanism import BIN_EDGES, BIN_LABELS, N_BINS, bin_index, bin_masks  # noqa: F401
+from ..mechanism import BIN_LABELS, N_BINS, bin_index, bin_masks
 from ..models import is_instruct, kk_prompt, load_model_and_tokenizer
+from ..precision import build_optimizer
 from ..reweight import reweight_advantages
-from ..sampling import sample_groups
+from ..sampling import Rollout, sample_groups
 from ..task import dataset
 from ..task.reward import score_response
 
@@ -68,9 +70,9 @@ class DiagConfig:
     tokens_per_bin: int = 8          # per-token parameter gradients: tokens sampled per bin
     lr: float = 1e-3                 # Fig. 1: plain SGD step size (paper: 1e-3)
     micro_batch_size: int = 4        # rows per forward/backward (memory only)
-    ar_alpha: float = 0.2            # AR-only run
-    lopti_eta: float = 0.4           # Lopti-only run
-    ar_lopti: tuple = (0.3, 0.5)     # (alpha, eta) of the AR+Lopti run
+    ar_alpha: float = PAPER_SETTINGS["ar"]["alpha"]        # AR-only run
+    lopti_eta: float = PAPER_SETTINGS["lopti"]["eta"]      # Lopti-only run
+    ar_lopti: tuple = tuple(PAPER_SETTINGS["ar_lopti"].values())   # (alpha, eta) of AR+Lopti
     fig3_optimizers: tuple = ("sgd",)   # add "adamw" to also measure with the trainer's AdamW
     adamw_lr: float = 1e-6           # AdamW lr for Fig. 3 (paper: 1e-6)
     kl_coef: float = 0.001           # k3 KL to the diagnosed model (its gradient is 0 at step 1)
@@ -78,14 +80,15 @@ class DiagConfig:
     reward: str = "logic_rl"         # or "random": see collect_batch
 
 
-def grpo_config(cfg: DiagConfig, batch_rows: int, grad_clip: float = math.inf,
-                lr: float | None = None) -> GRPOConfig:
-    """The GRPO settings of one diagnostic update: the whole batch is one mini-batch (one
-    optimizer step), no gradient clipping for plain SGD."""
-    return GRPOConfig(group_size=cfg.group_size, temperature=cfg.temperature,
-                      lr=cfg.lr if lr is None else lr, grad_clip=grad_clip,
-                      kl_coef=cfg.kl_coef, mini_batch_size=batch_rows,
-                      micro_batch_size=cfg.micro_batch_size)
+def update_config(cfg: DiagConfig, batch_rows: int, grad_clip: float = math.inf,
+                  lr: float | None = None) -> TrainConfig:
+    """The settings of one diagnostic update (the trainer's, TrainConfig's method section,
+    with these changes): the whole batch is one mini-batch (one optimizer step), no
+    gradient clipping for plain SGD."""
+    return TrainConfig(group_size=cfg.group_size, temperature=cfg.temperature,
+                       lr=cfg.lr if lr is None else lr, grad_clip=grad_clip,
+                       kl_coef=cfg.kl_coef, mini_batch_size=batch_rows,
+                       micro_batch_size=cfg.micro_batch_size)
 
 
 # --------------------------------------------------------------------------- bins
@@ -197,7 +200,7 @@ def sample_tokens(masks: list[torch.Tensor], k: int, seed: int = 0) -> list[tupl
     return chosen
 
 
-def gradient_norms(model, batch: dict, temperature: float, chosen: list[tuple[int, int]]):
+def gradient_norms(model, batch: Rollout, temperature: float, chosen: list[tuple[int, int]]):
     """Per-token gradient norms of log pi_T(o_t) (|w| = 1).
 
     Returns (hidden [B, R]: ||d log pi(o_t) / d h_t|| for every token, 0 on padding;
@@ -206,23 +209,23 @@ def gradient_norms(model, batch: dict, temperature: float, chosen: list[tuple[in
     this is exact."""
     model.eval()                    # no dropout; gradients still flow
     params = [p for p in model.parameters() if p.requires_grad]
-    P = batch["prompt_len"]
-    B, R = batch["response_mask"].shape
-    hidden = torch.zeros(B, R, device=batch["response_mask"].device)
+    P = batch.prompt_len
+    B, R = batch.response_mask.shape
+    hidden = torch.zeros(B, R, device=batch.response_mask.device)
     param_norms = {}
     by_row: dict[int, list[int]] = {}
     for b, t in chosen:
         by_row.setdefault(b, []).append(t)
     for b in range(B):
-        n = int(batch["response_mask"][b].sum())
+        n = int(batch.response_mask[b].sum())
         if n == 0:
             continue
         store: dict = {}
         handle = _final_hidden_hook(model, store)
         try:
             # The row cut after its last real token: causal, so nothing before changes.
-            logp = token_logprobs(model, batch["input_ids"][b:b + 1, :P + n],
-                                  batch["attention_mask"][b:b + 1, :P + n], P, temperature)[0]
+            logp = token_logprobs(model, batch.input_ids[b:b + 1, :P + n],
+                                  batch.attention_mask[b:b + 1, :P + n], P, temperature)[0]
         finally:
             handle.remove()
         h = store["h"]
@@ -266,7 +269,7 @@ def make_sgd(model, lr: float) -> torch.optim.SGD:
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0, weight_decay=0.0)
 
 
-def probability_change(model, batch: dict, logp0: torch.Tensor, update, gcfg: GRPOConfig,
+def probability_change(model, batch: Rollout, logp0: torch.Tensor, update, ucfg: TrainConfig,
                        snap: dict):
     """Run `update()` (which changes the model), measure pi_new - pi_old of every response
     token, then restore the parameters. Returns (delta_p [B, R], update's return).
@@ -276,64 +279,59 @@ def probability_change(model, batch: dict, logp0: torch.Tensor, update, gcfg: GR
     (where exp() resolves only ~6e-8, less than a typical change), so that its sign --
     what Fig. 3 counts -- is that of the log-prob change."""
     out = update()
-    logp1 = batch_logprobs(model, batch, gcfg)
+    logp1 = batch_logprobs(model, batch, ucfg)
     restore(model, snap)
     delta = logp0.exp() * torch.expm1(logp1 - logp0)
-    return delta * batch["response_mask"], out
+    return delta * batch.response_mask, out
 
 
-def sgd_bin_update(model, batch, ref_logp, token_mask, gcfg: GRPOConfig, lr: float):
+def sgd_bin_update(model, batch: Rollout, token_mask, ucfg: TrainConfig, lr: float):
     """One plain SGD step on the GRPO loss of the masked tokens (denominator: all valid
     tokens, as a Lopti stage). Returns grpo_update's metrics; metrics["grad_norm"] is the
     norm of the (unclipped) loss gradient over all parameters."""
-    return grpo_update(model, ref_logp, make_sgd(model, lr), batch, gcfg,
-                       token_mask=token_mask, denominator="all")
+    return grpo_update(model, make_sgd(model, lr), batch, ucfg, token_mask=token_mask, denominator="all")
 
 
-def method_update(name: str, model, batch, ref_logp, gcfg: GRPOConfig, optimizer,
-                  cfg: DiagConfig):
-    """One update of a named method from the current parameters (Fig. 3)."""
-    old = batch["old_logprobs"]
+def method_update(name: str, model, batch: Rollout, ucfg: TrainConfig, optimizer, cfg: DiagConfig):
+    """One update of a named method (config.PAPER_METHODS) from the current parameters (Fig. 3)."""
+    old = batch.old_logprobs
     if name == "grpo":
-        return grpo_update(model, ref_logp, optimizer, batch, gcfg)
+        return grpo_update(model, optimizer, batch, ucfg)
     if name == "ar":
-        b = dict(batch, advantages=reweight_advantages(batch["advantages"], old, cfg.ar_alpha))
-        return grpo_update(model, ref_logp, optimizer, b, gcfg)
+        b = dataclasses.replace(batch, advantages=reweight_advantages(batch.advantages, old, cfg.ar_alpha))
+        return grpo_update(model, optimizer, b, ucfg)
     if name == "lopti":
-        return lopti_update(model, ref_logp, optimizer, batch, gcfg, eta=cfg.lopti_eta)
+        return lopti_update(model, optimizer, batch, ucfg, eta=cfg.lopti_eta)
     if name == "ar_lopti":
         alpha, eta = cfg.ar_lopti
-        b = dict(batch, advantages=reweight_advantages(batch["advantages"], old, alpha))
-        return lopti_update(model, ref_logp, optimizer, b, gcfg, eta=eta)
+        b = dataclasses.replace(batch, advantages=reweight_advantages(batch.advantages, old, alpha))
+        return lopti_update(model, optimizer, b, ucfg, eta=eta)
     raise ValueError(f"unknown method {name!r}")
-
-
-METHODS = ("grpo", "ar", "lopti", "ar_lopti")
 
 
 # ------------------------------------------------------------------- the whole run
 
 
-def analyse(model, rollout, adv_tok: torch.Tensor, cfg: DiagConfig, log=print) -> dict:
+def analyse(model, rollout: Rollout, adv_tok: torch.Tensor, cfg: DiagConfig, log=print) -> dict:
     """All the numbers for one batch (see the module docstring). `adv_tok` [B, R] are the
-    token advantages (or [B], one per response). The model is left exactly as it was."""
+    token advantages. The model is left exactly as it was."""
     t0 = time.time()
     was_training = model.training
-    batch = batch_from_rollout(rollout, adv_tok)
-    gcfg = grpo_config(cfg, batch["input_ids"].shape[0])
+    ucfg = update_config(cfg, rollout.input_ids.shape[0])
     # pi_old recomputed teacher-forced: the baseline of every delta p, and the reference
     # log-probs of the k3 KL (the diagnosed model is its own reference, as at RL step 1).
-    batch["old_logprobs"] = batch_logprobs(model, batch, gcfg)
-    valid, adv = batch["response_mask"], batch["advantages"]
-    p0 = batch["old_logprobs"].exp() * valid
+    old = batch_logprobs(model, rollout, ucfg)
+    batch = dataclasses.replace(rollout, advantages=adv_tok, old_logprobs=old, ref_logprobs=old)
+    valid, adv = batch.response_mask, batch.advantages
+    p0 = batch.old_logprobs.exp() * valid
     masks = bin_masks(p0, valid)
     res = _bin_summary(cfg, masks, adv, p0)
     res.update(_gradient_section(model, batch, cfg, masks, adv, p0))
     log(f"  gradient norms done ({time.time() - t0:.0f}s)")
     snap = snapshot(model)
-    res["sgd"] = _sgd_section(model, batch, cfg, gcfg, masks, adv, snap)
+    res["sgd"] = _sgd_section(model, batch, cfg, ucfg, masks, adv, snap)
     log(f"  SGD probability changes done ({time.time() - t0:.0f}s)")
-    res["fig3"] = _fig3_section(model, batch, cfg, gcfg, masks, adv, snap)
+    res["fig3"] = _fig3_section(model, batch, cfg, ucfg, masks, adv, snap)
     log(f"  method updates done ({time.time() - t0:.0f}s)")
     model.train(was_training)
     res["seconds"] = round(time.time() - t0, 1)
@@ -386,36 +384,34 @@ def _change_stats(delta, adv, masks) -> dict:
             "share_unchanged": per_bin_mean((delta == 0).float(), masks)}
 
 
-def _sgd_section(model, batch, cfg, gcfg, masks, adv, snap) -> dict:
+def _sgd_section(model, batch, cfg, ucfg, masks, adv, snap) -> dict:
     """One plain SGD step on all tokens / on one bin's tokens (Fig. 1 c, e, f)."""
     out = {}
     updates = [("all", None)] + [(f"bin{k}", masks[k]) for k in range(N_BINS)]
     for name, mask in [u for u in updates if u[0] in cfg.fig1_updates]:
         delta, met = probability_change(
-            model, batch, batch["old_logprobs"],
-            lambda m=mask: sgd_bin_update(model, batch, batch["old_logprobs"], m, gcfg, cfg.lr),
-            gcfg, snap)
+            model, batch, batch.old_logprobs,
+            lambda m=mask: sgd_bin_update(model, batch, m, ucfg, cfg.lr), ucfg, snap)
         out[name] = _change_stats(delta, adv, masks)
         out[name]["loss_grad_norm"] = met["grad_norm"] if met["n_steps"] else 0.0
     return out
 
 
-def _fig3_section(model, batch, cfg, gcfg, masks, adv, snap) -> dict:
+def _fig3_section(model, batch, cfg, ucfg, masks, adv, snap) -> dict:
     """One update per method and optimizer from the same parameters (Fig. 3)."""
     out = {}
-    B = batch["input_ids"].shape[0]
+    B = batch.input_ids.shape[0]
     for opt_name in cfg.fig3_optimizers:
         out[opt_name] = {}
-        for meth in METHODS:
+        for meth in PAPER_METHODS:
             if opt_name == "sgd":
-                g, opt = gcfg, make_sgd(model, cfg.lr)
+                u, opt = ucfg, make_sgd(model, cfg.lr)
             else:        # the trainer's AdamW, with its clip at 1.0
-                g = grpo_config(cfg, B, grad_clip=1.0, lr=cfg.adamw_lr)
-                opt = reference_adamw(model, g)
+                u = update_config(cfg, B, grad_clip=1.0, lr=cfg.adamw_lr)
+                opt = build_optimizer(model, u)
             delta, _ = probability_change(
-                model, batch, batch["old_logprobs"],
-                lambda: method_update(meth, model, batch, batch["old_logprobs"], g, opt, cfg),
-                g, snap)
+                model, batch, batch.old_logprobs,
+                lambda: method_update(meth, model, batch, u, opt, cfg), u, snap)
             out[opt_name][meth] = _change_stats(delta, adv, masks)
             out[opt_name][meth]["mean_delta_pos"] = out[opt_name][meth]["pos_adv"]
     return out
@@ -454,7 +450,7 @@ def run(model, tokenizer, cfg: DiagConfig, log=print) -> dict:
 
 def _parse_args(argv):
     ap = argparse.ArgumentParser(
-        prog="python -m lopti_minimal.diagnostics",
+        prog="python -m lopti_minimal.experiments.diagnostics",
         description="Per-probability-bin gradient norms and probability changes "
                     "(paper Fig. 1 and Fig. 3) on one batch of K&K rollouts.")
     ap.add_argument("--model", required=True, help="HF folder, .gguf file or hub id")

@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import trainer
+from ..config import (ESTIMATORS, LOPTI_ORDERS, METHODS, TOKEN_FIXES, TrainConfig, config_from_json,
+                      config_to_json, paper_settings, uses_ar, uses_lopti)
 
 
 class StudyError(ValueError):
@@ -34,27 +35,27 @@ class Variant:
     alpha: float | None = None        # AR strength (paper Eq. 4), AR methods only
     eta: float | None = None          # Lopti threshold on pi_old, Lopti methods only
     order: str = "low_first"          # Lopti stage order, Lopti methods only
-    passes: int = 1                   # optimizer passes over each rollout (ppo_epochs)
+    ppo_epochs: int = 1               # optimizer passes over each rollout (TrainConfig.ppo_epochs)
     estimator: str = "grpo"           # advantage estimator: grpo | reinforce_pp (REINFORCE++)
 
     def __post_init__(self):
         m = self.method
-        if m not in trainer.METHODS:
-            raise StudyError(f"unknown method {m!r}: choose one of {', '.join(trainer.METHODS)}")
-        if self.order not in ("low_first", "high_first"):
+        if m not in METHODS:
+            raise StudyError(f"unknown method {m!r}: choose one of {', '.join(METHODS)}")
+        if self.order not in LOPTI_ORDERS:
             raise StudyError(f"unknown Lopti order {self.order!r}: low_first or high_first")
-        if m in ("ar", "ar_lopti") and self.alpha is not None and float(self.alpha) == 0.0:
+        if uses_ar(m) and self.alpha is not None and float(self.alpha) == 0.0:
             m = {"ar": "grpo", "ar_lopti": "lopti"}[m]
-        ar, lopti = m in ("ar", "ar_lopti"), m in ("lopti", "ar_lopti")
+        ar, lopti = uses_ar(m), uses_lopti(m)
         object.__setattr__(self, "method", m)
         object.__setattr__(self, "alpha", float(self.alpha) if ar and self.alpha is not None else None)
         object.__setattr__(self, "eta", float(self.eta) if lopti and self.eta is not None else None)
         object.__setattr__(self, "order", self.order if lopti else "low_first")
-        object.__setattr__(self, "passes", int(self.passes))
-        if self.estimator not in trainer.ESTIMATORS:
-            raise StudyError(f"unknown estimator {self.estimator!r}: {', '.join(trainer.ESTIMATORS)}")
-        if self.passes < 1:
-            raise StudyError(f"passes must be >= 1, got {self.passes}")
+        object.__setattr__(self, "ppo_epochs", int(self.ppo_epochs))
+        if self.estimator not in ESTIMATORS:
+            raise StudyError(f"unknown estimator {self.estimator!r}: {', '.join(ESTIMATORS)}")
+        if self.ppo_epochs < 1:
+            raise StudyError(f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
 
     @property
     def name(self) -> str:
@@ -66,8 +67,8 @@ class Variant:
             s += f"-e{self.eta:g}"
         if self.order != "low_first":
             s += f"-{self.order}"
-        if self.passes != 1:
-            s += f"-x{self.passes}"
+        if self.ppo_epochs != 1:
+            s += f"-x{self.ppo_epochs}"
         if self.estimator != "grpo":
             s = "rpp-" + s
         return s
@@ -81,7 +82,7 @@ class Variant:
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
                 (["high first"] if self.order == "high_first" else []) + \
-                ([f"{self.passes} optimizer steps per rollout"] if self.passes != 1 else [])
+                ([f"{self.ppo_epochs} optimizer steps per rollout"] if self.ppo_epochs != 1 else [])
         return f"{base} ({', '.join(knobs)})" if knobs else base
 
     def overrides(self) -> dict:
@@ -94,8 +95,8 @@ class Variant:
             d["eta"] = self.eta
         if self.order != "low_first":
             d["lopti_order"] = self.order
-        if self.passes != 1:
-            d["ppo_epochs"] = self.passes
+        if self.ppo_epochs != 1:
+            d["ppo_epochs"] = self.ppo_epochs
         if self.estimator != "grpo":
             d["estimator"] = self.estimator
         return d
@@ -106,11 +107,16 @@ class Variant:
         return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), cfg.get("lopti_order", "low_first"),
                    cfg.get("ppo_epochs", 1), cfg.get("estimator", "grpo"))
 
+    @property
+    def update_passes(self) -> int:
+        """Passes of the update over each rollout: ppo_epochs, times Lopti's two stages."""
+        return (2 if uses_lopti(self.method) else 1) * self.ppo_epochs
+
 
 GRPO = Variant("grpo")
-# The paper's K&K settings per method (trainer.PAPER_SETTINGS, the table `train.py --method`
+# The paper's K&K settings per method (config.PAPER_SETTINGS, the table `train.py --method`
 # uses): the rows of its results table.
-_ps = trainer.paper_settings
+_ps = paper_settings
 AR = Variant("ar", alpha=_ps("ar")["alpha"])
 LOPTI = Variant("lopti", eta=_ps("lopti")["eta"])
 AR_LOPTI = Variant("ar_lopti", alpha=_ps("ar_lopti")["alpha"], eta=_ps("ar_lopti")["eta"])
@@ -119,7 +125,7 @@ MAIN = (GRPO, AR, LOPTI, AR_LOPTI)
 # ppo_epochs = 2). Lopti makes two AdamW steps per rollout where GRPO makes one, and AdamW
 # normalises each step, so part of a Lopti gain could be the extra step rather than the
 # isolation. The paper does not control for this.
-GRPO_X2 = Variant("grpo", passes=2)
+GRPO_X2 = Variant("grpo", ppo_epochs=2)
 # The second baseline of the paper's reference code: REINFORCE++ (batch-whitened returns, no
 # group baseline), alone and with AR+Lopti.
 RPP = Variant("grpo", estimator="reinforce_pp")
@@ -128,7 +134,7 @@ RPP_AR_LOPTI = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, estim
 # at their papers' defaults. Each with two passes, so every arm but GRPO makes two optimizer
 # steps per rollout, like AR+Lopti and the control: and at one pass CISPO and KL-Cov would be
 # GRPO's gradient exactly (every ratio is 1 in the first step; token_fixes.py, choice 3).
-TOKEN_FIX_ARMS = tuple(Variant(m, passes=2) for m in trainer.TOKEN_FIXES)
+TOKEN_FIX_ARMS = tuple(Variant(m, ppo_epochs=2) for m in TOKEN_FIXES)
 GRIDS: dict[str, tuple[Variant, ...]] = {
     "main": MAIN,
     "control": (GRPO, GRPO_X2, LOPTI),
@@ -185,9 +191,9 @@ VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "ppo_epochs", "estima
 
 def normalised(cfg) -> dict:
     """A config as plain JSON (tuples -> lists, missing fields -> defaults)."""
-    if not isinstance(cfg, trainer.TrainConfig):
-        cfg = trainer.config_from_json(cfg)
-    return json.loads(json.dumps(trainer.config_to_json(cfg)))
+    if not isinstance(cfg, TrainConfig):
+        cfg = config_from_json(cfg)
+    return json.loads(json.dumps(config_to_json(cfg)))
 
 
 def config_diff(a, b, ignore=RUNTIME_FIELDS) -> list[str]:

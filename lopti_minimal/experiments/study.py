@@ -1,11 +1,11 @@
 """The study: GRPO vs GRPO+AR vs GRPO+Lopti vs GRPO+AR+Lopti, several seeds, equal budgets,
 confidence intervals, and the report docs/RESULTS.md.
 
-    python -m lopti_minimal.study                          # main grid: 4 methods x 5 seeds, cpu-tiny
-    python -m lopti_minimal.study --grid all               # + REINFORCE++ arms, alpha, eta, order sweeps (3 seeds)
-    python -m lopti_minimal.study --dry-run                # the plan, what is done, a time estimate
-    python -m lopti_minimal.study --report-only            # aggregate finished runs, rewrite the report
-    python -m lopti_minimal.study --preset smollm2-cpu --seeds 3 --only grpo,ar_lopti
+    python -m lopti_minimal.experiments.study               # main grid: 4 methods x 5 seeds, cpu-tiny
+    python -m lopti_minimal.experiments.study --grid all    # + REINFORCE++, alpha, eta, order sweeps
+    python -m lopti_minimal.experiments.study --dry-run     # the plan, what is done, a time estimate
+    python -m lopti_minimal.experiments.study --report-only # aggregate finished runs, rewrite the report
+    python -m lopti_minimal.experiments.study --preset smollm2-cpu --seeds 3 --only grpo,ar_lopti
 
 Design choices (why, in full: docs/STUDY.md; the paper reports one run per method, and at
 our scale seed-to-seed noise is large):
@@ -41,15 +41,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .. import cli, runs, trainer
+from .. import cli, plumbing, runs, trainer
 from ..cli import HelpFormatter
-from ..config import TrainConfig
+from ..config import PRESETS, TrainConfig, TrainError, config_from_json, config_to_json, make_config
+from ..plumbing import ROOT
 from ..task.evaluate import evaluate_records, write_eval_json
 from ..task.kk import load_jsonl
-from ..trainer import ROOT, TrainError
+from .aggregate import aggregate, find_runs, read_run
 from .grid import (GRIDS, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, StudyError, Variant, config_diff,
                    warm_start_eval_path)
-from .report import aggregate, find_runs, format_hours, read_run, write_report
+from .report import format_hours, write_report
 
 DEFAULT_OUT = "runs/study"
 DEFAULT_REPORT = "docs/RESULTS.md"
@@ -110,7 +111,7 @@ def run_config(spec: RunSpec, out, overrides: dict | None = None, threads: int |
     values = dict(overrides or {})
     values.update(spec.variant.overrides(), seed=spec.seed, run_dir=str(spec.run_dir(out)),
                   final_eval=True, progress=False, threads=threads)
-    return trainer.make_config(spec.preset, **values)
+    return make_config(spec.preset, **values)
 
 
 def run_status(run_dir) -> str:
@@ -190,8 +191,8 @@ def evaluate_warm_start(out, cfg, echo=print, heldout: str | None = None) -> Pat
     t0 = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model, tok = trainer.load_policy(cfg)
-    report = trainer.evaluate_policy(model, tok, cfg, progress=False)
+    model, tok = plumbing.load_policy(cfg)
+    report = plumbing.evaluate_policy(model, tok, cfg, progress=False)
     report.update(model=cfg.model, threads=cfg.threads, wall_s=round(time.perf_counter() - t0, 1))
     write_eval_json(report, path)
     return path
@@ -236,7 +237,7 @@ def _write_heldout(cfg, heldout, path: Path, source: str | None = None) -> Path:
     """Evaluate the policy at ``source`` (default cfg.model) on the K&K file ``heldout``."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model, tok = trainer.load_policy(cfg, source=source)
+    model, tok = plumbing.load_policy(cfg, source=source)
     report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
                               batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
                               autocast_bf16=cfg.autocast_bf16, progress=False)
@@ -256,7 +257,7 @@ def execute(cfg, status: str, train_fn=None, heldout: str | None = None) -> dict
     ok, err = False, None
     try:
         if status == "resume":
-            rcfg = trainer.resume_config(run_dir, progress=False)
+            rcfg = plumbing.resume_config(run_dir, progress=False)
             rcfg.threads = cfg.threads
             train_fn(rcfg, resume=True, log=log)
         elif status == "new":
@@ -300,7 +301,7 @@ def _quiet_transformers() -> None:
 def _execute_in_worker(cfg_json: dict, status: str, train_fn, heldout) -> dict:
     """Process-pool entry point (module level, so it pickles)."""
     _quiet_transformers()
-    return execute(trainer.config_from_json(cfg_json), status, train_fn, heldout)
+    return execute(config_from_json(cfg_json), status, train_fn, heldout)
 
 
 def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train_fn=None, jobs: int = 1,
@@ -351,7 +352,7 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor, as_completed
             with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-                futs = [pool.submit(_execute_in_worker, trainer.config_to_json(cfg), status, train_fn, heldout)
+                futs = [pool.submit(_execute_in_worker, config_to_json(cfg), status, train_fn, heldout)
                         for _, cfg, status in todo]
                 try:
                     for f in as_completed(futs):
@@ -399,7 +400,7 @@ def estimate(todo: list[tuple[RunSpec, object, str]], out, step_seconds=None, ev
         by_method.setdefault((r["preset"], r["variant"].method), []).append(r["wall_s"])
     total, unknown = 0.0, 0
     for spec, cfg, status in todo:
-        passes = (2 if spec.variant.method in ("lopti", "ar_lopti") else 1) * spec.variant.passes
+        passes = spec.variant.update_passes
         known = by_name.get((spec.preset, spec.variant.name)) or by_method.get((spec.preset, spec.variant.method)) \
             or [w for (p, _), ws in by_method.items() if p == spec.preset for w in ws]
         if known:
@@ -454,7 +455,7 @@ def build_overrides(a) -> dict:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        prog="python -m lopti_minimal.study",
+        prog="python -m lopti_minimal.experiments.study",
         description="GRPO / AR / Lopti / AR+Lopti from one warm start, equal budgets, several seeds; "
                     "writes docs/RESULTS.md.", formatter_class=HelpFormatter)
     ap.add_argument("--grid", nargs="+", default=["main", "control"], help=f"grids: {', '.join(GRIDS)}, all")
@@ -463,7 +464,7 @@ def parse_args(argv=None):
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of the main grid")
     ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds 0..N-1 of the sweeps")
     ap.add_argument("--only", help="comma-separated methods or variant names to keep (e.g. grpo,ar_lopti)")
-    ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(trainer.PRESETS)}")
+    ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(PRESETS)}")
     cli.add_options(ap.add_argument_group("every run's options (the preset's unless given)"), TrainConfig,
                     shown="cpu-tiny", only=STUDY_OPTIONS)
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="any other TrainConfig field, for all runs")
@@ -561,7 +562,8 @@ def _dry_run(specs, out, overrides, a) -> int:
 
 
 def command() -> int:
-    """`python -m lopti_minimal.study`: main(), with SIGTERM stopping the study like Ctrl-C."""
+    """`python -m lopti_minimal.experiments.study`: main(), with SIGTERM stopping the study
+    like Ctrl-C."""
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     return main()
 

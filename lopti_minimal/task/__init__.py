@@ -7,7 +7,7 @@
     prompts.py     the paper's Qwen prompt, the tiny model's compact prompt, and the
                    supervised target (explanation + answer)
     dataset.py     full records (puzzle + explanation + prompt), and the generator
-                   command `python -m lopti_minimal.kk`
+                   command `python -m lopti_minimal.task.dataset`
     phrasing.py    free rewordings of a target (the warm start's phrased derivations)
     behaviours.py  guess vs derive: the two behaviours of the warm start, and how a
                    response is classified

@@ -6,17 +6,19 @@ Design choices:
    already does (the paper, Yang et al. 2025, Fig. 4 and 6: instruct models reason at
    length more often as training goes on). A tiny model trained only to derive has nothing
    to select -- its errors are single wrong checks inside otherwise right derivations,
-   which one reward per response cannot localise -- and RL from it does not raise
-   accuracy (docs/RL_FROM_DERIVE.md).
+   which one reward per response cannot localise -- and RL from checkpoints/tiny-derive
+   (derivations only) did not raise accuracy.
 2. **guess**: close the thinking at once and answer with a *random* role assignment (its
    supervised targets are random, so its accuracy is chance, 1 / 2^n): a short response,
-   `"\\n</think>\\n<answer> (1) ... </answer>"` (answer marks phrased as in derive).
-3. **derive**: the compact derivation (explain.compact_explanation; phrased by
-   phrasing.vary with `--phrased`, which the shipped warm start does not use), then the
-   answer it found.
+   `"\\n</think>\\n<answer> (1) ... </answer>"` (answer marks phrased, phrasing.vary_answer).
+3. **derive**: the compact derivation (explain.compact_explanation), phrased by
+   phrasing.vary with `--phrased` (and a tail word on every line with `--phrase-tails`):
+   the shipped warm start, checkpoints/tiny-warm, learned its derivations with both; then
+   the answer it found.
 4. The first response token decides (the newline then "</think>" for a guess, the first
    derivation line otherwise); the share comes from the supervised mixture
-   (`WarmStartConfig.guess_share`), not from the prompt, which is the same for both.
+   (experiments.warmstart.WarmStartConfig.guess_share: 0.7 for the shipped warm start), not
+   from the prompt, which is the same for both.
 5. With most targets guesses, greedy decoding guesses; sampled at T = 0.7 the policy
    derives now and then, and those derivations are right far more often than a guess.
    That is the behaviour RL can select, and the tokens that decide it have low

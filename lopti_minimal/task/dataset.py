@@ -1,6 +1,6 @@
 """The task's data: a generated puzzle made into a full record, and the generator command.
 
-    python -m lopti_minimal.kk --n-people 3 --count 1000 --seed 0 --out train.jsonl
+    python -m lopti_minimal.task.dataset --n-people 3 --count 1000 --seed 0 --out train.jsonl
 
 Design choices:
 
@@ -86,7 +86,7 @@ def generate_unsolvable_records(n_people: int, count: int, seed: int = 0, depth:
 # --------------------------------------------------------------------------------------
 def _parse_args(argv):
     p = argparse.ArgumentParser(
-        prog="python -m lopti_minimal.kk",
+        prog="python -m lopti_minimal.task.dataset",
         description="Generate K&K puzzles (Xie et al. 2024 generator) as JSON Lines records. "
                     "The official test puzzles are always excluded.")
     p.add_argument("--n-people", type=int, required=True)

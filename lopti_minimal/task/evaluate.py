@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from ..models import adds_bos, kk_prompt
 from ..sampling import decode_responses, sample_groups
+from .kk import load_jsonl
 from .reward import score_response
 
 # Response budget per size for the tiny model (eval.py and the training runs' evaluation):
@@ -58,6 +59,18 @@ def check_records(records: list[dict], source: str = "data") -> None:
                 or ("n_people" not in r and "names" not in r):
             raise ValueError(f"{source}: record {i + 1} is not a K&K record "
                              "(needs quiz, solution_text_format and n_people)")
+
+
+def read_records(path) -> list[dict]:
+    """The K&K records of a JSON Lines file (``--data`` of train.py and eval.py), checked;
+    anything unreadable is a ValueError of one line: "cannot read K&K data PATH: why"."""
+    try:
+        records = load_jsonl(path)
+        check_records(records, str(path))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"cannot read K&K data {path}: {msg}") from e
+    return records
 
 
 def budget(max_new_tokens, n: int) -> int:
@@ -112,7 +125,8 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
                 ro = sample_groups(model, [ids[i] for i in chunk], samples, budget(max_new_tokens, n),
                                    temperature=None if greedy else temperature,
                                    eos_token_id=tokenizer.eos_token_id,
-                                   pad_token_id=tokenizer.pad_token_id, generator=gen, greedy=greedy)
+                                   pad_token_id=tokenizer.pad_token_id, generator=gen, greedy=greedy,
+                                   logprobs=False)
             out = [response_prefix + t for t in decode_responses(tokenizer, ro)]
             lens = ro.response_mask.sum(1).long().tolist()
             for j, i in enumerate(chunk):

@@ -16,8 +16,8 @@ Design choices:
    each node line re-writes the whole partial assignment, and each check copies the claim
    with every person's value written next to their name.
 3. Every line that starts with a name is indented ("  Amelia"), so a name is always the
-   same token (" Amelia") and a lookup is an exact token match (revised from an earlier
-   version that wrote bare T/F in place of the names: two chained lookups per value).
+   same token (" Amelia") and a lookup is an exact token match (bare T/F in place of the
+   names would need two chained lookups per value).
 4. Compact claim notation: literals "X" / "not X", a negated leaf simplified, operators
    "A and B", "A or B", "if A then B", "A iff B", compound operands (only at depth > 2) in
    parentheses.
@@ -246,7 +246,8 @@ def compact_trace(statements) -> list[tuple]:
         # wrong checks rejected the solution): the search has run out of candidates.  The
         # trace still ends in an answer, a fixed guess (everyone a knave), so a model that
         # has seen this closes its response instead of re-trying nodes it has already
-        # tried (the warm start's only format errors were such loops, docs/RL_FROM_DERIVE.md).
+        # tried (a warm start that never saw this made format errors only by such loops,
+        # scripts/format_errors.py).
         events.append(("guess", (False,) * n))
     return events
 

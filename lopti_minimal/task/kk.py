@@ -17,7 +17,7 @@ Design choices:
    (x_i == S_i(x) for every i: knights tell the truth, knaves lie).
 4. Whole records (quiz, solution, explanation, prompt) and the CLI are in dataset.py
    (`make_record`, `generate_records`), so the dependencies run one way:
-   `python -m lopti_minimal.kk --n-people 3 --count 1000 --seed 0 --out train.jsonl`.
+   `python -m lopti_minimal.task.dataset --n-people 3 --count 1000 --seed 0 --out train.jsonl`.
 
 Main names: `evaluate`, `solve`, `count_solutions`, `KKSampler`, `sample_statements`,
 `generate_problems`, `render_quiz`, `format_statement`, `load_jsonl`, `save_jsonl`,

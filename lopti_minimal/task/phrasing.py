@@ -1,7 +1,7 @@
 """Free phrasing of the compact derivation: the same steps, said in several ways.
 
 The shipped warm start (checkpoints/tiny-warm) learned its derivations phrased this way,
-with tail words (warmstart.py `--phrased --phrase-tails`). Why it exists, where the choices
+with tail words (experiments/warmstart.py `--phrased --phrase-tails`). Why it exists, where the choices
 are and what it cost, in full: docs/TASK_AND_MODELS.md. `choices` reads the choices back
 from a sampled derivation, to measure what RL does to them.
 
@@ -21,7 +21,7 @@ Design choices:
 4. Learned from the first step of the warm start (with tail words), phrased derivations are
    right about as often as canonical ones (0.48 against 0.50 when forced, 3 people) and
    leave about 22% of the sampled tokens below pi_old = 0.5 instead of about 1%
-   (docs/TWO_BEHAVIOURS.md).
+   (scripts/token_bins.py measures it; tests/test_warmstart.py checks the shipped one).
 5. `canonical` maps any phrased derivation back to the canonical text, so the replay tests
    and the error scripts read one form.
 6. The choices set a ceiling on the share of tokens below 0.5: about 17% of a phrased
@@ -40,11 +40,11 @@ OK_WORDS = (" ok", " feasible", " truth")
 BAD_WORDS = (" bad", " contradiction", " lie", " false")
 ENDINGS = ("", ".", ";")
 # With tails=True (`--phrase-tails`): a word at the end of every derivation line, in front
-# of the ending -- a second choice where v3 already had one, so nothing copied follows it.
+# of the ending -- a second choice next to the ending's, so nothing copied follows it.
 # Never empty: an empty tail would leave its choice to the ending's token (one token, two
 # choices). It raises the share of choice tokens in a 3-person derivation from about 16%
 # to about 22% (scripts/phrasing_choices.py), above the 20% of sampled tokens below
-# pi_old = 0.5 the warm start is asked for, which v3's choices alone cannot reach.
+# pi_old = 0.5 the warm start is asked for, which the other choices alone cannot reach.
 TAILS = (" then", " so", " on")
 ANSWER_MARKS = ("({i})", "{i}.", "-")
 

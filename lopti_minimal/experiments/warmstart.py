@@ -1,12 +1,16 @@
 """Supervised warm start of the tiny model: next-token loss on the response only.
 
-    python -m lopti_minimal.warmstart --preset tiny --threads 2 --out DIR      # one run, 95 minutes
-    python -m lopti_minimal.warmstart --recipe          # the shipped checkpoint: `recipe()`, two
-                                                        # runs: 14,082 steps (2.6-2.9 h on a 2-core
-                                                        # AMD EPYC), then 10 minutes
-    python -m lopti_minimal.warmstart --recipe derive --out checkpoints/tiny-derive
-    python -m lopti_minimal.warmstart --resume DIR      # go on with an interrupted run (an
-                                                        # interrupted --recipe: run it again)
+    python -m lopti_minimal.experiments.warmstart --out DIR --threads 2     # one run, 95 minutes
+    python -m lopti_minimal.experiments.warmstart --recipe --out DIR        # the shipped kind:
+        # `recipe()`, two runs into DIR-stage1 and DIR: 14,082 steps (2.6-2.9 h on a 2-core
+        # AMD EPYC), then 10 minutes
+    python -m lopti_minimal.experiments.warmstart --recipe derive --out DIR  # tiny-derive's kind
+    python -m lopti_minimal.experiments.warmstart --resume DIR   # go on with an interrupted run
+        # (an interrupted --recipe: run it again)
+
+--out is required, and a run that would replace a checkpoint the repository ships
+(checkpoints/NAME) is refused unless --overwrite-shipped is given (train.py
+--rebuild-warmstart gives it: rebuilding checkpoints/tiny-warm is what it asks for).
 
 Design choices (in full, with the measurements: docs/TASK_AND_MODELS.md):
 
@@ -15,15 +19,18 @@ Design choices (in full, with the measurements: docs/TASK_AND_MODELS.md):
    solutions: prompts.compact_prompt + prompts.target_response, loss on the response only.
 2. Fast on a 2-core CPU (measured): bf16 autocast on float32 master weights (about 2x),
    as many threads as free cores, a curriculum from small to large puzzles, batches of
-   one size length-bucketed (padding ~35% -> ~10%, benchmarks/warmstart_step.py), no
-   attention mask (right padding, causal attention: same loss, tests/test_warmstart.py).
+   one size length-bucketed (warmstart_data.py; padding ~35% -> ~10%,
+   benchmarks/warmstart_step.py), no attention mask (right padding, causal attention: same
+   loss, tests/test_warmstart.py).
 3. Cosine learning-rate decay to a small floor, over --minutes or a fixed --steps
    (reproducible).
 4. Evaluation: greedy decoding scored by the Logic-RL reward (accuracy: scores 3; format:
    format part +1), per size, on held-out generated puzzles and the official sets.
 5. The shipped recipe's second run mixes in 5% unsolvable puzzles (--unsolvable-share), so
    the model has seen a search run out of candidates, and teaches the two behaviours
-   (behaviours.py: --guess-share, --phrased) that give RL something to select.
+   (task/behaviours.py: --guess-share, --phrased) that give RL something to select.
+6. Nothing is lost on interruption: the training state goes to OUT.resume every
+   --state-every-steps steps (`WarmStart.state`), and --resume OUT goes on exactly.
 """
 from __future__ import annotations
 
@@ -41,13 +48,16 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .cli import HelpFormatter, add_options, given, option
-from .models import count_parameters, load_model_and_tokenizer, make_tiny_model
-from .runs import machine_info, save_hf_atomic
-from .task import dataset, explain, kk, prompts
-from .task.behaviours import TwoBehaviourTargets
-from .task.evaluate import evaluate_records
-from .tokenizer import build_kk_tokenizer
+from ..cli import HelpFormatter, add_options, given, one_line_error, option
+from ..models import count_parameters, load_model_and_tokenizer, make_tiny_model
+from ..paths import CHECKOUT, in_checkout
+from ..runs import machine_info, save_hf_atomic
+from ..task import kk
+from ..task.behaviours import TwoBehaviourTargets
+from ..task.evaluate import evaluate_records
+from ..tokenizer import build_kk_tokenizer
+from .warmstart_data import (RESPONSE_STYLES, PuzzleStream, batch_size_for, bucketed_batches, collate, default_prompt, default_response,
+                             encode_example, heldout_records)
 
 
 # ---------------------------------------------------------------------------------------
@@ -59,9 +69,10 @@ class WarmStartConfig:
     """Every option of a warm-start run, declared once (cli.option: default + help; the
     command line is generated from the fields that have help)."""
     preset: str = option("tiny", "model size (models.make_tiny_model)")
-    out: str = option("checkpoints/tiny-warm", "where to write the checkpoint")
-    # tiny-derive's stage 1: 95 + the final evaluation (1.6 min measured, docs/EXPERIMENTS.md)
-    # fits a 2-hour budget on 2 cores. The shipped recipe bounds its stage 1 by steps (recipe()).
+    out: str | None = option(None, "where to write the checkpoint (required; a shipped one, "
+                             "checkpoints/NAME, only with --overwrite-shipped)", type=str)
+    # 95 + the final evaluation (1.6 min measured) fits a 2-hour budget on 2 cores; the
+    # shipped recipe bounds its stage 1 by steps instead (recipe()).
     minutes: float = option(95.0, "wall-clock budget of the training loop (excl. final eval)")
     steps: int | None = option(None, "fixed step budget (overrides --minutes)", type=int)
     lr: float = option(2e-3, "peak AdamW learning rate")
@@ -106,7 +117,7 @@ class WarmStartConfig:
     # there; 6 and 7 people need longer searches and are capped to keep evaluation cheap.
     # (Phrased derivations with tail words, the shipped warm start's: the longest of 100
     # generated targets plus 100 unsolvable searches has 511 tokens for 3 people, 1,060
-    # for 4, 2,212 for 5 -- scripts/phrasing_choices.py, docs/TWO_BEHAVIOURS.md.)
+    # for 4, 2,212 for 5 -- scripts/phrasing_choices.py.)
     max_new_tokens: dict = field(default_factory=lambda: {2: 300, 3: 640, 4: 1152, 5: 1600, 6: 2048, 7: 2048})
     progress: bool = option(True, "no tqdm bar (log files)", flag="--no-progress")
     # Nothing lost on interruption: the whole training state (float32 weights, AdamW state,
@@ -116,117 +127,6 @@ class WarmStartConfig:
     state_every_steps: int = option(500, "save the training state for --resume every N steps "
                                     "(0: never)")
     init: str | None = None          # the checkpoint this run continued from (--init), if any
-
-
-# ---------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------
-
-def default_prompt(record: dict) -> str:
-    return prompts.compact_prompt(record["quiz"])
-
-
-def default_response(record: dict) -> str:
-    return prompts.target_response(record, "compact")
-
-
-def numbered_response(record: dict) -> str:
-    """Variant target: the compact explanation with people written as their numbers
-    1..n (the numbering of the answer, "(1) Amelia ..."): only the restated claims and the
-    answer then depend on the names, so far fewer tokens need a name lookup."""
-    n = record["n_people"]
-    text = explain.compact_explanation(statements=kk.record_statements(record),
-                                       names=[str(i + 1) for i in range(n)])
-    return "\n" + text + "\n" + prompts.answer_block(record["solution_text_format"])
-
-
-def direct_response(record: dict) -> str:
-    """Variant target without explanation: close the thinking at once, then the answer."""
-    return "\n" + prompts.answer_block(record["solution_text_format"])
-
-
-RESPONSE_STYLES = {"compact": default_response, "numbered": numbered_response, "direct": direct_response}
-
-
-class PuzzleStream:
-    """An endless supply of generated training records per size, excluding held-out puzzles.
-
-    Records come in chunks from dataset.generate_records with a fresh seed per chunk (so the
-    stream is deterministic for cfg.seed); puzzles of the official test sets and of our
-    held-out set are excluded by puzzle key.  Tiny sizes have few distinct puzzles
-    (about 180 for 2 people), so a chunk request is capped by what exists.
-    """
-
-    def __init__(self, seed: int, exclude: set, chunk: int = 256, unsolvable_share: float = 0.0):
-        self.seed, self.exclude, self.chunk = seed, exclude, chunk
-        self.buffers: dict[int, list] = {}
-        self.calls = 0
-        self.unsolvable_share = unsolvable_share
-        self.unsolvable: dict[int, list] = {}
-        self.coin = random.Random(seed * 31 + 17)     # its own stream: share 0 changes nothing
-
-    def next(self, n: int) -> dict:
-        if self.unsolvable_share > 0 and self.coin.random() < self.unsolvable_share:
-            return self._next_unsolvable(n)
-        buf = self.buffers.setdefault(n, [])
-        if not buf:
-            seed = self._chunk_seed(n)
-            count = self.chunk
-            while True:
-                try:
-                    recs = dataset.generate_records(n, count, seed=seed, exclude=self.exclude)
-                    break
-                except kk.InfeasibleRequest:
-                    count //= 2   # small n: fewer distinct puzzles than a chunk
-            random.Random(seed).shuffle(recs)
-            buf.extend(recs)
-        return buf.pop()
-
-    def _next_unsolvable(self, n: int) -> dict:
-        buf = self.unsolvable.setdefault(n, [])
-        if not buf:
-            buf.extend(dataset.generate_unsolvable_records(n, 64, seed=self._chunk_seed(n)))
-        return buf.pop()
-
-    def _chunk_seed(self, n: int) -> int:
-        """A fresh generator seed for every chunk (solvable or not), from cfg.seed."""
-        self.calls += 1
-        return self.seed * 1_000_003 + self.calls * 7919 + n
-
-
-def encode_example(tokenizer, prompt: str, response: str) -> tuple[list[int], int]:
-    """Token ids of prompt + response + eos, and the prompt length (the loss starts there).
-
-    Prompt and response are tokenized separately, exactly as at sampling time, where the
-    model continues the tokenized prompt; the tokenizer adds bos in front of the prompt."""
-    p = tokenizer(prompt)["input_ids"]
-    r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return p + r, len(p)
-
-
-PAD_MULTIPLE = 64
-
-
-def collate(examples: list[tuple[list[int], int]], pad_id: int, multiple: int = PAD_MULTIPLE):
-    """Right-padded batch: input_ids, attention_mask, loss_mask ([B, T]).
-
-    loss_mask[b, t] = 1 where token t+1 is a response token (or the final eos), i.e. it
-    marks the positions whose next-token prediction is trained.
-
-    T is rounded up to a multiple of 64: the CPU's bf16 matmul kernels (oneDNN) are built
-    per input shape, and with a new shape every step training ran 2.5x slower and its
-    memory kept growing (measured); a few recurring shapes avoid that."""
-    T = max(len(ids) for ids, _ in examples)
-    T = -(-T // multiple) * multiple
-    B = len(examples)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, T, dtype=torch.long)
-    loss_mask = torch.zeros(B, T - 1)
-    for b, (ids, n_prompt) in enumerate(examples):
-        input_ids[b, :len(ids)] = torch.tensor(ids)
-        attn[b, :len(ids)] = 1
-        loss_mask[b, n_prompt - 1:len(ids) - 1] = 1.0
-    return input_ids, attn, loss_mask
 
 
 def response_loss(model, input_ids, loss_mask, bf16: bool = True, attention_mask=None,
@@ -252,33 +152,6 @@ def response_loss(model, input_ids, loss_mask, bf16: bool = True, attention_mask
     nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                           input_ids[:, 1:].reshape(-1), reduction="none").view_as(loss_mask)
     return (nll * loss_mask).sum() / (normalizer or loss_mask.sum())
-
-
-def batch_size_for(stream, n: int, tokenizer, response_fn, tokens_per_batch: int,
-                   response_tokens: bool = False):
-    """Puzzles per batch of size ``n``: ``tokens_per_batch`` over the mean encoded length of
-    32 puzzles of that size (fixed per size afterwards, so the shapes recur; see collate).
-    With ``response_tokens``: (that, the mean number of response tokens of a puzzle)."""
-    sample = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in
-              (stream.next(n) for _ in range(32))]
-    mean = sum(len(ids) for ids, _ in sample) / len(sample)
-    size = max(1, round(tokens_per_batch / mean))
-    if response_tokens:
-        return size, sum(len(ids) - n_prompt for ids, n_prompt in sample) / len(sample)
-    return size
-
-
-def bucketed_batches(examples: list, batch_size: int, rng: random.Random) -> list[list]:
-    """Cut ``examples`` into batches of ``batch_size`` neighbours in length, in random order.
-
-    A batch is padded to its longest row, so random batches of one puzzle size waste about
-    a third of their positions on padding (the explanation's length varies with the search);
-    sorted neighbours waste little.  The order of the batches is shuffled, so the model
-    does not see short puzzles first and long ones last."""
-    ordered = sorted(examples, key=lambda e: len(e[0]))
-    batches = [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
-    rng.shuffle(batches)
-    return batches
 
 
 # ---------------------------------------------------------------------------------------
@@ -367,12 +240,171 @@ def size_weights(progress: float, cfg: WarmStartConfig) -> dict:
     return stage
 
 
-def heldout_records(sizes, per_size: int, seed: int = 99_991, exclude: set = frozenset()) -> list[dict]:
-    """Generated puzzles kept out of training (a fixed seed, disjoint from the official set)."""
-    out = []
-    for n in sizes:
-        out += dataset.generate_records(n, per_size, seed=seed + n, exclude=exclude)
-    return out
+class WarmStart:
+    """One warm-start run: the model, its data, and everything that changes as the loop
+    runs -- the training state `save_state` stores (`state`) and a resumed run restores.
+
+    `run` is the loop: `train_step` until the budget is spent, `evaluate` when due (it keeps
+    the best checkpoint in cfg.out), the state every cfg.state_every_steps steps."""
+
+    def __init__(self, cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=default_response,
+                 log=print, resume: dict | None = None):
+        if cfg.bucket_batches < 1:
+            raise ValueError(f"bucket_batches must be >= 1, got {cfg.bucket_batches}")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.cfg, self.log = cfg, log
+        torch.manual_seed(cfg.seed)
+        self.rng = random.Random(cfg.seed)
+        if tokenizer is None:
+            tokenizer = build_kk_tokenizer(vocab_size=cfg.vocab_size)
+        if model is None:
+            model = make_tiny_model(cfg.preset, len(tokenizer), tokenizer=tokenizer, seed=cfg.seed)
+        self.model, self.tokenizer = model, tokenizer
+        log(f"[warmstart] preset {cfg.preset}: {count_parameters(model):,} parameters, "
+            f"vocab {len(tokenizer)}, threads {torch.get_num_threads()}")
+
+        self.official = kk.load_official()
+        self.heldout = heldout_records(cfg.eval_sizes, cfg.heldout_per_size, exclude=kk.keys_of(self.official)) \
+            if cfg.heldout_per_size > 0 else []
+        if cfg.phrase_tails and not cfg.phrased:
+            raise ValueError("phrase_tails needs phrased (--phrase-tails is a part of --phrased)")
+        if response_fn is default_response and (cfg.guess_share > 0 or cfg.phrased):
+            response_fn = TwoBehaviourTargets(cfg.guess_share, cfg.phrased, cfg.seed, cfg.phrase_tails)
+        if not 0.0 <= cfg.unsolvable_share < 1.0:
+            raise ValueError(f"unsolvable_share must lie in [0, 1), got {cfg.unsolvable_share}")
+        self.response_fn = response_fn
+        self.stream = PuzzleStream(cfg.seed, exclude=kk.keys_of(self.official) | kk.keys_of(self.heldout),
+                                   unsolvable_share=cfg.unsolvable_share)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay)
+        self.batch_size: dict[int, int] = {}     # per puzzle size, fixed (recurring shapes, see collate)
+        self.mean_response: dict[int, float] = {}   # per puzzle size: mean response tokens of a puzzle
+        self.queued: dict[int, list] = {}        # per puzzle size, length-bucketed batches still to train on
+        self.history: list[dict] = []
+        self.best = -1.0
+        self.step, elapsed, self.ema = 0, 0.0, None
+        if resume is not None:
+            self.opt.load_state_dict(resume["optimizer"])
+            self.rng.setstate(resume["rng"])
+            torch.set_rng_state(resume["torch_rng"])
+            for k in ("stream", "response_fn", "batch_size", "mean_response", "queued", "history",
+                      "best", "step", "ema"):
+                setattr(self, k, resume[k])
+            elapsed = resume["elapsed"]
+            log(f"[resume] {resume_dir(cfg.out)} at step {self.step} ({elapsed / 60:.1f} min)")
+        self.budget_s = cfg.minutes * 60
+        self.t0 = time.time() - elapsed          # a resumed run's --minutes budget counts its first part
+        self.last_eval = time.time()
+        self.bar = tqdm(total=cfg.steps or int(self.budget_s), initial=self.step if cfg.steps else int(elapsed),
+                        disable=not cfg.progress, file=sys.stderr, unit="step" if cfg.steps else "s",
+                        mininterval=5)
+
+    def state(self) -> dict:
+        """What a resumed run needs to go on exactly (save_state / load_state)."""
+        return {"config": self.cfg, "optimizer": self.opt.state_dict(), "rng": self.rng.getstate(),
+                "torch_rng": torch.get_rng_state(), "stream": self.stream, "response_fn": self.response_fn,
+                "batch_size": self.batch_size, "mean_response": self.mean_response, "queued": self.queued,
+                "history": self.history, "best": self.best, "step": self.step,
+                "elapsed": time.time() - self.t0, "ema": self.ema}
+
+    def record(self) -> dict:
+        """warmstart.json: how it was made, how it did, where."""
+        return {"config": asdict(self.cfg), "history": self.history, "machine": machine_info()}
+
+    def progress(self) -> float:
+        """The share of the budget (steps, or else minutes) spent."""
+        cfg = self.cfg
+        return self.step / cfg.steps if cfg.steps else (time.time() - self.t0) / self.budget_s
+
+    def run(self) -> list[dict]:
+        """The loop; then the final evaluation. Returns the evaluations (history)."""
+        cfg = self.cfg
+        self.model.train()
+        while (p := self.progress()) < 1.0:
+            self.train_step(p)
+            due = (cfg.eval_every_steps and self.step % cfg.eval_every_steps == 0) or \
+                  (not cfg.eval_every_steps and time.time() - self.last_eval > cfg.eval_every_minutes * 60)
+            if due:
+                self.evaluate()
+            if cfg.state_every_steps and self.step % cfg.state_every_steps == 0:
+                save_state(self.model, self.tokenizer, self.state(), self.record(), cfg.out)
+                self.log(f"[state] step {self.step}: {resume_dir(cfg.out)}")
+        self.bar.close()
+        self.log(f"[warmstart] {self.step} steps in {(time.time() - self.t0) / 60:.1f} min; final evaluation")
+        self.evaluate(final=True)
+        shutil.rmtree(resume_dir(cfg.out), ignore_errors=True)    # complete: nothing to resume
+        return self.history
+
+    def train_step(self, p: float) -> None:
+        """One optimizer step at progress ``p``: the schedule's lr, a puzzle size drawn from
+        the curriculum, the next length-bucketed batch of that size."""
+        cfg, tokenizer = self.cfg, self.tokenizer
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(p, self.step, cfg)
+        weights = size_weights(p, cfg)
+        n = self.rng.choices(list(weights), weights=list(weights.values()))[0]
+        if n not in self.batch_size:
+            self.batch_size[n], self.mean_response[n] = batch_size_for(
+                self.stream, n, tokenizer, self.response_fn, cfg.tokens_per_batch, response_tokens=True)
+        if not self.queued.get(n):
+            recs = [self.stream.next(n) for _ in range(self.batch_size[n] * cfg.bucket_batches)]
+            examples = [encode_example(tokenizer, default_prompt(r), self.response_fn(r)) for r in recs]
+            self.queued[n] = bucketed_batches(examples, self.batch_size[n], self.rng)
+        ids, _, mask = collate(self.queued[n].pop(), tokenizer.pad_token_id)
+        # Two behaviours: every token weighs the same (see response_loss); the constant
+        # is the batch's expected number of response tokens, so the scale is a mean's.
+        norm = self.batch_size[n] * self.mean_response[n] if cfg.guess_share > 0 else None
+        loss = response_loss(self.model, ids, mask, cfg.bf16, normalizer=norm)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        per_token = loss.item() * (norm / mask.sum().item() if norm else 1.0)   # the logged mean
+        self.ema = per_token if self.ema is None else 0.98 * self.ema + 0.02 * per_token
+        if cfg.steps:
+            self.bar.update(1)
+        else:
+            self.bar.n = min(int(time.time() - self.t0), int(self.budget_s))
+            self.bar.refresh() if self.step % 20 == 0 else None
+        self.bar.set_postfix(loss=f"{self.ema:.3f}", n=n, lr=f"{self.opt.param_groups[0]['lr']:.1e}",
+                             refresh=False)
+
+    def evaluate(self, final: bool = False) -> None:
+        """Greedy evaluation on the official sets and the held-out puzzles; saves the
+        checkpoint to cfg.out when it is the best so far by held-out accuracy (and always
+        at the end)."""
+        cfg, model, tokenizer = self.cfg, self.model, self.tokenizer
+        if (cfg.final_eval_per_size if final else cfg.eval_per_size) <= 0:   # evaluation off
+            if final:
+                save_warm_start(model, tokenizer, cfg.out, self.record())
+            return
+        sizes = cfg.final_eval_sizes if final else cfg.eval_sizes
+        per = cfg.final_eval_per_size if final else cfg.eval_per_size
+        off = [r for n in sizes for r in [x for x in self.official if x["n_people"] == n][:per]]
+        te = time.time()
+        res_off = evaluate(model, tokenizer, off, cfg.max_new_tokens, cfg.bf16)
+        res_held = evaluate(model, tokenizer, self.heldout, cfg.max_new_tokens, cfg.bf16) \
+            if self.heldout else {}
+        model.train()
+        entry = {"step": self.step, "minutes": round((time.time() - self.t0) / 60, 2), "loss": self.ema,
+                 "official": res_off, "heldout": res_held, "final": final,
+                 "eval_seconds": round(time.time() - te, 1)}
+        self.history.append(entry)
+        self.log(f"[eval] step {self.step} min {entry['minutes']:.1f} loss {self.ema:.4f} "
+                 f"({entry['eval_seconds']}s)\n  official: {format_eval(res_off)}\n  held-out: {format_eval(res_held)}")
+        # Keep the best checkpoint by accuracy on 3 and 4 people (the targets): later steps
+        # are usually better, but an interrupted or unlucky run keeps its best.  Selected on
+        # the generated held-out puzzles, so the official test sets stay untouched by model
+        # selection (official only when no held-out set is configured).
+        sel = res_held or res_off
+        metric = sum(sel[n]["accuracy"] for n in (3, 4) if n in sel)
+        if final or metric >= self.best:
+            self.best = max(self.best, metric)
+            save_warm_start(model, tokenizer, cfg.out, self.record())
+            self.log(f"[save] {cfg.out} (metric {metric:.2f})")
+        self.last_eval = time.time()
 
 
 def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=default_response,
@@ -382,146 +414,8 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     ``resume``: the state saved by ``save_state`` (``load_state``; with the model and
     tokenizer saved beside it), to go on from its step exactly.
     Returns (model, tokenizer, history) where history holds the evaluations."""
-
-    if cfg.bucket_batches < 1:
-        raise ValueError(f"bucket_batches must be >= 1, got {cfg.bucket_batches}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    if tokenizer is None:
-        tokenizer = build_kk_tokenizer(vocab_size=cfg.vocab_size)
-    if model is None:
-        model = make_tiny_model(cfg.preset, len(tokenizer), tokenizer=tokenizer, seed=cfg.seed)
-    log(f"[warmstart] preset {cfg.preset}: {count_parameters(model):,} parameters, "
-        f"vocab {len(tokenizer)}, threads {torch.get_num_threads()}")
-
-    official = kk.load_official()
-    heldout = heldout_records(cfg.eval_sizes, cfg.heldout_per_size, exclude=kk.keys_of(official)) \
-        if cfg.heldout_per_size > 0 else []
-    if cfg.phrase_tails and not cfg.phrased:
-        raise ValueError("phrase_tails needs phrased (--phrase-tails is a part of --phrased)")
-    if response_fn is default_response and (cfg.guess_share > 0 or cfg.phrased):
-        response_fn = TwoBehaviourTargets(cfg.guess_share, cfg.phrased, cfg.seed, cfg.phrase_tails)
-    if not 0.0 <= cfg.unsolvable_share < 1.0:
-        raise ValueError(f"unsolvable_share must lie in [0, 1), got {cfg.unsolvable_share}")
-    stream = PuzzleStream(cfg.seed, exclude=kk.keys_of(official) | kk.keys_of(heldout),
-                          unsolvable_share=cfg.unsolvable_share)
-
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=cfg.weight_decay)
-    batch_size: dict[int, int] = {}     # per puzzle size, fixed (recurring shapes, see collate)
-    mean_response: dict[int, float] = {}   # per puzzle size: mean response tokens of a puzzle
-    queued: dict[int, list] = {}        # per puzzle size, length-bucketed batches still to train on
-    history: list[dict] = []
-    best = -1.0
-    step, elapsed, ema = 0, 0.0, None
-    if resume is not None:              # everything that changes as the loop runs
-        opt.load_state_dict(resume["optimizer"])
-        rng.setstate(resume["rng"])
-        torch.set_rng_state(resume["torch_rng"])
-        stream, response_fn = resume["stream"], resume["response_fn"]
-        batch_size, mean_response, queued = resume["batch_size"], resume["mean_response"], resume["queued"]
-        history, best, step, elapsed, ema = (resume[k] for k in ("history", "best", "step", "elapsed", "ema"))
-        log(f"[resume] {resume_dir(cfg.out)} at step {step} ({elapsed / 60:.1f} min)")
-    budget_s = cfg.minutes * 60
-    t0 = time.time() - elapsed          # a resumed run's --minutes budget counts its first part
-    last_eval = time.time()
-    bar = tqdm(total=cfg.steps or int(budget_s), initial=step if cfg.steps else int(elapsed),
-               disable=not cfg.progress, file=sys.stderr, unit="step" if cfg.steps else "s",
-               mininterval=5)
-
-    def state() -> dict:
-        return {"config": cfg, "optimizer": opt.state_dict(), "rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state(), "stream": stream, "response_fn": response_fn,
-                "batch_size": batch_size, "mean_response": mean_response, "queued": queued,
-                "history": history, "best": best, "step": step, "elapsed": time.time() - t0,
-                "ema": ema}
-
-    def progress() -> float:
-        return step / cfg.steps if cfg.steps else (time.time() - t0) / budget_s
-
-    def record() -> dict:               # warmstart.json: how it was made, how it did, where
-        return {"config": asdict(cfg), "history": history, "machine": machine_info()}
-
-    def do_eval(final: bool = False):
-        nonlocal best, last_eval
-        if (cfg.final_eval_per_size if final else cfg.eval_per_size) <= 0:   # evaluation off
-            if final:
-                save_warm_start(model, tokenizer, cfg.out, record())
-            return
-        sizes = cfg.final_eval_sizes if final else cfg.eval_sizes
-        per = cfg.final_eval_per_size if final else cfg.eval_per_size
-        off = [r for n in sizes for r in [x for x in official if x["n_people"] == n][:per]]
-        te = time.time()
-        res_off = evaluate(model, tokenizer, off, cfg.max_new_tokens, cfg.bf16)
-        res_held = evaluate(model, tokenizer, heldout, cfg.max_new_tokens, cfg.bf16) \
-            if heldout else {}
-        model.train()
-        entry = {"step": step, "minutes": round((time.time() - t0) / 60, 2), "loss": ema,
-                 "official": res_off, "heldout": res_held, "final": final,
-                 "eval_seconds": round(time.time() - te, 1)}
-        history.append(entry)
-        log(f"[eval] step {step} min {entry['minutes']:.1f} loss {ema:.4f} ({entry['eval_seconds']}s)\n"
-            f"  official: {format_eval(res_off)}\n  held-out: {format_eval(res_held)}")
-        # Keep the best checkpoint by accuracy on 3 and 4 people (the targets): later steps
-        # are usually better, but an interrupted or unlucky run keeps its best.  Selected on
-        # the generated held-out puzzles, so the official test sets stay untouched by model
-        # selection (official only when no held-out set is configured).
-        sel = res_held or res_off
-        metric = sum(sel[n]["accuracy"] for n in (3, 4) if n in sel)
-        if final or metric >= best:
-            best = max(best, metric)
-            save_warm_start(model, tokenizer, cfg.out, record())
-            log(f"[save] {cfg.out} (metric {metric:.2f})")
-        last_eval = time.time()
-
-    model.train()
-    while True:
-        p = progress()
-        if p >= 1.0:
-            break
-        for g in opt.param_groups:
-            g["lr"] = lr_at(p, step, cfg)
-        weights = size_weights(p, cfg)
-        n = rng.choices(list(weights), weights=list(weights.values()))[0]
-        if n not in batch_size:
-            batch_size[n], mean_response[n] = batch_size_for(stream, n, tokenizer, response_fn,
-                                                             cfg.tokens_per_batch, response_tokens=True)
-        if not queued.get(n):
-            recs = [stream.next(n) for _ in range(batch_size[n] * cfg.bucket_batches)]
-            examples = [encode_example(tokenizer, default_prompt(r), response_fn(r)) for r in recs]
-            queued[n] = bucketed_batches(examples, batch_size[n], rng)
-        ids, _, mask = collate(queued[n].pop(), tokenizer.pad_token_id)
-        # Two behaviours: every token weighs the same (see response_loss); the constant
-        # is the batch's expected number of response tokens, so the scale is a mean's.
-        norm = batch_size[n] * mean_response[n] if cfg.guess_share > 0 else None
-        loss = response_loss(model, ids, mask, cfg.bf16, normalizer=norm)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        per_token = loss.item() * (norm / mask.sum().item() if norm else 1.0)   # the logged mean
-        ema = per_token if ema is None else 0.98 * ema + 0.02 * per_token
-        if cfg.steps:
-            bar.update(1)
-        else:
-            bar.n = min(int(time.time() - t0), int(budget_s))
-            bar.refresh() if step % 20 == 0 else None
-        bar.set_postfix(loss=f"{ema:.3f}", n=n, lr=f"{opt.param_groups[0]['lr']:.1e}", refresh=False)
-        due = (cfg.eval_every_steps and step % cfg.eval_every_steps == 0) or \
-              (not cfg.eval_every_steps and time.time() - last_eval > cfg.eval_every_minutes * 60)
-        if due:
-            do_eval()
-        if cfg.state_every_steps and step % cfg.state_every_steps == 0:
-            save_state(model, tokenizer, state(), record(), cfg.out)
-            log(f"[state] step {step}: {resume_dir(cfg.out)}")
-    bar.close()
-    log(f"[warmstart] {step} steps in {(time.time() - t0) / 60:.1f} min; final evaluation")
-    do_eval(final=True)
-    shutil.rmtree(resume_dir(cfg.out), ignore_errors=True)    # complete: nothing to resume
-    return model, tokenizer, history
+    run = WarmStart(cfg, model, tokenizer, response_fn, log, resume)
+    return run.model, run.tokenizer, run.run()
 
 
 # ---------------------------------------------------------------------------------------
@@ -532,17 +426,16 @@ STAGE2_MINUTES = 10.0     # the second run of the shipped two-behaviour warm sta
 DERIVE_STAGE2_MINUTES = 15.0   # the second run of tiny-derive
 GUESS_SHARE = 0.7         # the shipped warm start's share of guess targets
 # Stage 1 of the shipped warm start is bounded by steps, not minutes, so the checkpoint does
-# not depend on the machine's speed: 14,082 is what the canonical stage 1 (tiny-derive's)
-# made of its 95 minutes on the 2-core machine that built it; phrasing costs no step time
-# (docs/TWO_BEHAVIOURS.md), but the 2-core AMD EPYC of later sessions makes 80-90 steps a
-# minute, so there the same steps take 2.6-2.9 hours.
+# not depend on the machine's speed. 14,082 is the budget checkpoints/tiny-warm-stage1 was
+# trained with (its warmstart.json; tests/test_warmstart.py checks the two agree); a 2-core
+# AMD EPYC makes 80-90 steps a minute, 2.6-2.9 hours for the whole budget.
 STAGE1_STEPS = 14082
 PHRASING = ["--phrased", "--phrase-tails"]      # phrasing.py, with a tail word on every line
 
 
 def recipe(out: str = "checkpoints/tiny-warm", threads: int = 2, minutes: float | None = None,
            derive_only: bool = False, stage1: str | None = None) -> list[list[str]]:
-    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both; docs/EXPERIMENTS.md).
+    """A shipped checkpoint's recipe: two runs of this CLI (``--recipe`` runs both).
 
     1. From scratch, on solvable puzzles, to ``stage1`` (default ``OUT-stage1``):
        - the default (checkpoints/tiny-warm-stage1): derivations phrased freely from the
@@ -586,14 +479,27 @@ def resume_plan(runs: list[list[str]]) -> list[list[str]]:
     return [["--resume", outs[last]] + runs[last]] + runs[last + 1:]
 
 
+def shipped_checkpoint(out: str) -> str | None:
+    """The shipped checkpoint a run writing to ``out`` would replace -- a folder of the
+    checkout's checkpoints/ that holds a model -- as its repository path, or None."""
+    if not in_checkout():
+        return None
+    path = os.path.realpath(out)
+    root = os.path.realpath(CHECKOUT / "checkpoints")
+    if os.path.dirname(path) == root and os.path.isfile(os.path.join(path, "config.json")):
+        return f"checkpoints/{os.path.basename(path)}"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Supervised warm start of the tiny K&K model.",
+    ap = argparse.ArgumentParser(prog="python -m lopti_minimal.experiments.warmstart",
+                                 description="Supervised warm start of the tiny K&K model.",
                                  formatter_class=HelpFormatter)
     ap.add_argument("--recipe", nargs="?", const="two-behaviour", choices=("two-behaviour", "derive"),
-                    help="make a shipped checkpoint: the two runs of warmstart.recipe() into --out "
-                         "(default checkpoints/tiny-warm) and OUT-stage1, with --threads (--minutes: stage 1 "
+                    help="make a shipped checkpoint's kind: the two runs of warmstart.recipe() into --out "
+                         "and OUT-stage1, with --threads (--minutes: stage 1 "
                          f"bounded by time instead of its {STAGE1_STEPS:,} steps); "
-                         "'derive' makes tiny-derive (canonical derivations only); run again after "
+                         "'derive' makes tiny-derive's kind (canonical derivations only); run again after "
                          "an interruption, it goes on where it stopped (delete OUT.resume and "
                          "OUT-stage1.resume to start over)")
     ap.add_argument("--resume", metavar="OUT", default=None,
@@ -605,19 +511,33 @@ def build_parser() -> argparse.ArgumentParser:
                          "and the last curriculum stage")
     ap.add_argument("--style", choices=sorted(RESPONSE_STYLES), default="compact",
                     help="target: compact explanation (names), numbered (people as 1..n), or direct (answer only)")
+    ap.add_argument("--overwrite-shipped", action="store_true",
+                    help="allow --out to replace a checkpoint the repository ships (checkpoints/NAME); "
+                         "without it such a run is refused")
     add_options(ap.add_argument_group("run options"), WarmStartConfig)
+    ap.error = one_line_error
     return ap
 
 
 def main(argv=None) -> int:
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
     cfg = WarmStartConfig(**given(a, WarmStartConfig))
     cfg.threads = cfg.threads or os.cpu_count()
+    if a.resume:
+        cfg.out = a.resume
+    if not cfg.out:
+        ap.error("--out is required: the folder the checkpoint is written to")
+    shipped = shipped_checkpoint(cfg.out)
+    if shipped and not a.overwrite_shipped:
+        ap.error(f"--out {cfg.out} would overwrite the shipped checkpoint {shipped}: choose another "
+                 "folder, or pass --overwrite-shipped to rebuild it")
     if a.recipe:
+        keep = (["--overwrite-shipped"] if a.overwrite_shipped else []) + ([] if cfg.progress else ["--no-progress"])
         # --minutes given: stage 1 bounded by time; not given (None): the recipe's own budget
         for args in resume_plan(recipe(cfg.out, a.threads or 2, a.minutes, derive_only=a.recipe == "derive")):
-            print("[recipe] python -m lopti_minimal.warmstart " + " ".join(args), flush=True)
-            main(args + ([] if cfg.progress else ["--no-progress"]))
+            print("[recipe] python -m lopti_minimal.experiments.warmstart " + " ".join(args), flush=True)
+            main(args + keep)
         return 0
     model = tokenizer = state = None
     if a.resume:                      # the run's own config; only these follow the command
@@ -639,7 +559,7 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     # Run as `python -m`, this file is the module __main__; the resume state pickles objects
-    # of this module (the config, the puzzle stream), so they are made by the importable
-    # lopti_minimal.warmstart, which any entry point (train.py too) can load them from.
-    from lopti_minimal import warmstart
+    # of this module (the config), so they are made by the importable
+    # lopti_minimal.experiments.warmstart, which any entry point (train.py too) can load them from.
+    from lopti_minimal.experiments import warmstart
     sys.exit(warmstart.main())

@@ -1,0 +1,414 @@
+"""The RL loop's plumbing: what it takes to run the method, and none of the method.
+
+A reader of the method can skip this module (trainer.py is the method: `rl_step` and the
+loop of `train`); try not to modify it (CleanRL marks its parts of this kind the same way).
+What lives here:
+
+- seeds: every random draw of a step derives from (seed, step);
+- data: the cached RL prompt set, or the user's K&K file;
+- the policy on the configured device and dtype;
+- the run directory (runs.py writes the files): checks, a new run or a resumed one
+  (checkpoint, optimizer, RNG states), the per-step logs, TensorBoard, the evaluation
+  hooks, periodic checkpoints, the end (final policy, evaluation, plots, summary);
+- the step's metrics and its one-line summary;
+- the GPU memory estimate (the table in docs/GPU.md).
+
+Design choices (the run directory in full: docs/ARCHITECTURE.md):
+
+1. Every random choice of a step is derived from (seed, step): the prompts from a
+   permutation seeded by (seed, epoch), the sampler's torch.Generator by (seed, step).
+   Nothing random is carried between steps except the model and optimizer, which the
+   checkpoints store exactly, so a run resumed from its step-k checkpoint repeats steps
+   k+1.. bit for bit (tests/test_trainer.py proves it). The global RNG states are saved
+   too, for code that might use them (none of ours does).
+2. Everything a run writes lives in its run directory (run.json, metrics.jsonl,
+   evals.jsonl, ckpt-*/, final/, eval_final.json, plots), read and written by runs.py.
+3. Bad input is a TrainError, raised before anything is loaded or written where it can be.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import runs
+from .config import TrainConfig, TrainError, config_from_json, config_to_json, validate
+from .grpo import kl_k3
+from .lora import load_adapter_state
+from .models import ModelLoadError, count_parameters, default_device, load_model_and_tokenizer, \
+    set_gradient_checkpointing
+from .paths import resolve_model, work_root
+from .precision import check_hardware, master_dtype
+from .task import dataset, kk, reward
+from .task.behaviours import derive_share
+from .task.evaluate import evaluate_records, read_records, write_eval_json
+
+# The repository (or, in an installed copy, the current directory): cache/ is written here.
+ROOT = work_root()
+
+
+# =======================================================================================
+# Seeds: every random draw of a step derives from (seed, step)
+# =======================================================================================
+
+def step_generator(seed: int, step: int, device="cpu") -> torch.Generator:
+    """The sampler's generator for one step. Seeding by (seed, step) rather than carrying
+    one generator through the run is what makes resume exact without saving its state."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(np.random.SeedSequence([seed, step, 1]).generate_state(1)[0]))
+    return g
+
+
+def step_prompt_indices(seed: int, step: int, per_step: int, n: int) -> list[int]:
+    """Indices of the step's prompts: consecutive slices of a fresh permutation of the
+    prompt set per epoch (each epoch sees every prompt once), seeded by (seed, epoch)."""
+    out = []
+    for k in range(step * per_step, (step + 1) * per_step):
+        epoch, pos = divmod(k, n)
+        out.append(int(_permutation(seed, epoch, n)[pos]))
+    return out
+
+
+_PERM_CACHE: dict = {}
+
+
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    key = (seed, epoch, n)
+    if key not in _PERM_CACHE:
+        _PERM_CACHE.clear()                     # only the current epoch is ever needed
+        _PERM_CACHE[key] = np.random.default_rng([seed, epoch, 2]).permutation(n)
+    return _PERM_CACHE[key]
+
+
+# =======================================================================================
+# Data and the policy
+# =======================================================================================
+
+def rl_prompt_set(cfg: TrainConfig, progress: bool = True) -> tuple[list[dict], str]:
+    """Generated K&K records for RL (sizes cfg.rl_sizes, cfg.rl_per_size each), with every
+    official test puzzle excluded; cached as JSON Lines so later runs reuse the same set.
+    With cfg.rl_data: that file's records. Returns (records, path)."""
+    if cfg.rl_data:
+        try:
+            return read_records(cfg.rl_data), str(cfg.rl_data)
+        except ValueError as e:
+            raise TrainError(str(e)) from e
+    sizes = "-".join(str(n) for n in cfg.rl_sizes)
+    # ROOT / an absolute cache_dir is that absolute path.
+    path = ROOT / cfg.cache_dir / "rl_prompts" / f"kk-n{sizes}-x{cfg.rl_per_size}-seed{cfg.data_seed}.jsonl"
+    if path.exists():
+        return kk.load_jsonl(path), str(path)
+    exclude = kk.official_keys()
+    records: list[dict] = []
+    with tqdm(total=len(cfg.rl_sizes) * cfg.rl_per_size, desc="RL prompts", disable=not progress,
+              file=sys.stderr) as bar:
+        for n in cfg.rl_sizes:
+            # A seed per size, so adding a size does not change the others' puzzles.
+            records += dataset.generate_records(n, cfg.rl_per_size, seed=cfg.data_seed + 1000 * n,
+                                                exclude=exclude, progress=bar)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kk.save_jsonl(records, path, overwrite=True)      # atomic (temp file, then rename)
+    return records, str(path)
+
+
+def resolve_device(cfg: TrainConfig) -> torch.device:
+    return default_device() if cfg.device == "auto" else torch.device(cfg.device)
+
+
+def load_policy(cfg: TrainConfig, source: str | None = None):
+    """(model, tokenizer) from cfg.model (or ``source``, e.g. a checkpoint), on the
+    configured device, in the master dtype (precision.py); gradient checkpointing as
+    configured."""
+    # repo-relative defaults work from any working dir, and from an installed copy
+    src = source or cfg.model
+    src = resolve_model(src) if src else src
+    try:
+        model, tok = load_model_and_tokenizer(src, dtype=master_dtype(cfg), device=resolve_device(cfg))
+    except ModelLoadError as e:
+        raise TrainError(str(e)) from e
+    set_gradient_checkpointing(model, cfg.gradient_checkpointing)
+    return model, tok
+
+
+# =======================================================================================
+# The run directory: checks, start or resume, per-step logs, checkpoints, the end
+# =======================================================================================
+
+def read_run_config(path) -> TrainConfig:
+    """The config of an existing run; TrainError if ``path`` is not one of our runs."""
+    if not Path(path).is_dir():
+        raise TrainError(f"--resume {path}: no such directory")
+    saved = runs.saved_config(path)
+    if saved is None:
+        raise TrainError(f"--resume {path}: not a lopti-minimal run directory (no valid run.json)")
+    return config_from_json(saved)
+
+
+def resume_config(run_dir, steps: int | None = None, progress: bool | None = None) -> TrainConfig:
+    """The saved config of a run, to continue it; ``steps`` may extend a finished run."""
+    cfg = read_run_config(run_dir)
+    cfg.run_dir = str(run_dir)
+    if steps:
+        cfg.steps = steps
+    if progress is not None:
+        cfg.progress = progress
+    return cfg
+
+
+class Run:
+    """One run's directory and everything the loop writes into it (runs.py's layout).
+
+    `Run(cfg, resume)` checks everything that can be checked before a model is loaded;
+    `start` resumes from the latest checkpoint or starts the directory; `begin` opens the
+    logs; `after_step` logs, evaluates and checkpoints; `finish` writes the end."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False, log=None):
+        self.cfg, self.resume = cfg, resume
+        self.log = log or (lambda s: tqdm.write(s, file=sys.stdout))
+        if resume:
+            read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
+        validate(cfg)
+        check_hardware(cfg)                       # before any model is loaded
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.dir = Path(cfg.run_dir or runs.default_run_dir(cfg))
+        if not resume and self.dir.exists() and any(self.dir.iterdir()):
+            raise TrainError(f"run directory {self.dir} exists and is not empty: pass --resume {self.dir} "
+                             "or choose another --run-dir")
+        self.metrics_path, self.evals_path = self.dir / "metrics.jsonl", self.dir / "evals.jsonl"
+        self.start_step, self.writer, self.bar, self.history = 0, None, None, []
+
+    def start(self, model, optimizer, data_path: str) -> int:
+        """Resume: the latest checkpoint's policy, optimizer and RNG states, the logs cut
+        back to it. Otherwise a new directory with run.json. Returns the first step."""
+        cfg, run_dir = self.cfg, self.dir
+        if not self.resume:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "run.json").write_text(json.dumps(
+                {"kind": runs.RUN_MARKER, "config": config_to_json(cfg), "data": data_path,
+                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version()}, indent=1))
+            return 0
+        ck = runs.checkpoints(run_dir)
+        if ck:
+            self.start_step, path = ck[-1]
+            state = torch.load(path / "trainer_state.pt", weights_only=False)
+            if cfg.lora_rank:
+                load_adapter_state(model, state["lora"])
+            else:
+                loaded, _ = load_policy(cfg, str(path))
+                model.load_state_dict(loaded.state_dict())
+                del loaded
+            optimizer.load_state_dict(state["optimizer"])
+            random.setstate(state["rng"]["python"])
+            np.random.set_state(state["rng"]["numpy"])
+            torch.set_rng_state(state["rng"]["torch"])
+            self.log(f"[resume] {path} (step {self.start_step})")
+        for name in ("metrics.jsonl", "evals.jsonl"):
+            runs.truncate_jsonl(run_dir / name, self.start_step)
+        return self.start_step
+
+    def begin(self, model, tokenizer, n_records: int, data_path: str) -> None:
+        """The run's first log line, TensorBoard, the evaluation before RL, the progress bar."""
+        cfg = self.cfg
+        p = next(model.parameters())
+        self.log(f"[run] {self.dir}\n[run] model {cfg.model} ({count_parameters(model):,} params, "
+                 f"{p.dtype}, {p.device}), method {cfg.method}, "
+                 f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr:g}, T {cfg.temperature}, "
+                 f"{n_records} RL prompts ({data_path}), threads {torch.get_num_threads()}")
+        self.writer = _tensorboard(cfg, self.dir)
+        if cfg.eval_before and self.start_step == 0:
+            ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+            write_eval_json(ev, self.dir / "eval_before.json")
+            self.log("[eval] before RL: " + _eval_text(ev))
+        if self.metrics_path.exists():
+            self.history = [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+        self.bar = tqdm(total=cfg.steps, initial=self.start_step, desc="RL steps", disable=not cfg.progress,
+                        file=sys.stderr, unit="step")
+        self.t_run = time.perf_counter()
+
+    def after_step(self, m: dict, model, tokenizer, optimizer) -> None:
+        """Log the step's metrics; evaluate and checkpoint when due (not at the last step:
+        `finish` does)."""
+        cfg = self.cfg
+        self.history.append(m)
+        runs.append_jsonl(self.metrics_path, m)
+        if self.writer:
+            for k, v in m.items():
+                for name, x in ([(f"{k}/bin{i}", x) for i, x in enumerate(v)] if isinstance(v, list) else [(k, v)]):
+                    if x is not None:
+                        self.writer.add_scalar(f"train/{name}", x, m["step"])
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{m['reward']:+.2f}", acc=f"{m['accuracy']:.2f}", refresh=False)
+        self.log(summary_line(m, cfg.steps))
+        done = m["step"]
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+            runs.append_jsonl(self.evals_path, {"step": done, **_eval_brief(ev)})
+            self.log(f"[eval] step {done}: " + _eval_text(ev))
+        if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
+            runs.save_checkpoint(self.dir, done, model, tokenizer, optimizer, config_to_json(cfg),
+                                 cfg.keep_checkpoints)
+
+    def finish(self, model, tokenizer, optimizer) -> dict:
+        """A final checkpoint (resumable: extend with --resume --steps N), the final policy in
+        HF format, the final evaluation, plots, summary.json. Returns train()'s result."""
+        cfg, run_dir = self.cfg, self.dir
+        self.bar.close()
+        rl_seconds = time.perf_counter() - self.t_run
+        paths = {"run_dir": str(run_dir), "metrics": str(self.metrics_path)}
+        if cfg.steps > self.start_step or not (run_dir / "final").exists():
+            runs.save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, config_to_json(cfg),
+                                 cfg.keep_checkpoints)
+            runs.save_hf_atomic(model, tokenizer, run_dir / "final")
+        paths["final_model"] = str(run_dir / "final")
+        final_eval = None
+        if cfg.final_eval:
+            final_eval = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+            write_eval_json(final_eval, run_dir / "eval_final.json")
+            runs.append_jsonl(self.evals_path, {"step": cfg.steps, "final": True, **_eval_brief(final_eval)})
+            paths["eval"] = str(run_dir / "eval_final.json")
+            self.log("[eval] final: " + _eval_text(final_eval))
+        if cfg.plots:
+            try:
+                from .plots import plot_run
+                paths["plots"] = plot_run(run_dir)
+            except Exception as e:           # plotting must never lose a finished run
+                self.log(f"[plots] skipped: {e}")
+        if self.writer:
+            self.writer.close()
+        (run_dir / "summary.json").write_text(json.dumps(
+            {"steps": cfg.steps, "rl_seconds_this_session": round(rl_seconds, 1), "paths": paths,
+             "final_eval": _eval_brief(final_eval) if final_eval else None}, indent=1))
+        return {"run_dir": str(run_dir), "metrics": self.history, "final_eval": final_eval, "paths": paths,
+                "config": cfg}
+
+
+def _tensorboard(cfg: TrainConfig, run_dir: Path):
+    if not cfg.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("[tensorboard] not installed (pip install tensorboard); logging to JSON Lines only")
+        return None
+    return SummaryWriter(str(run_dir / "tb"))
+
+
+# =======================================================================================
+# Evaluation hook
+# =======================================================================================
+
+def evaluate_policy(model, tokenizer, cfg: TrainConfig, sizes=None, per_size=None, progress=True) -> dict:
+    """Greedy accuracy on the official sets (task/evaluate.py), with the run's numerics."""
+    sizes = tuple(sizes or cfg.eval_sizes)
+    per = per_size or cfg.eval_per_size
+    records = [r for n in sizes for r in kk.load_official([n])[:per]]
+    return evaluate_records(model, tokenizer, records, max_new_tokens=cfg.eval_max_new_tokens,
+                            batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
+                            autocast_bf16=cfg.autocast_bf16, rollout_chunk=0, progress=progress)
+
+
+def _eval_brief(ev: dict) -> dict:
+    return {"accuracy": {str(n): v["accuracy"] for n, v in ev["per_size"].items()},
+            "mean_accuracy": ev["overall"]["accuracy"],
+            "format_error": ev["overall"]["format_error"]}
+
+
+def _eval_text(ev: dict) -> str:
+    per = " ".join(f"{n}p {v['accuracy']:.2f}" for n, v in ev["per_size"].items())
+    return f"accuracy {per} | mean {ev['overall']['accuracy']:.3f} | format errors {ev['overall']['format_error']:.3f}"
+
+
+# =======================================================================================
+# The step's metrics
+# =======================================================================================
+
+def step_metrics(cfg: TrainConfig, step: int, rewards: torch.Tensor, texts: list[str], batch,
+                 stages: tuple, low: float, probe, fix, seconds: dict) -> dict:
+    """The flat dict one RL step logs (metrics.jsonl): the samples, the update (``stages``:
+    grpo_update's metrics, one per Lopti stage in the order they ran), the mechanism
+    (``probe``), the times."""
+    mask = batch.response_mask
+    n_tok = float(mask.sum())
+    # KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
+    kl = (float((kl_k3(batch.old_logprobs, batch.ref_logprobs, cfg.kl_log_ratio_clamp) * mask).sum()
+                / max(n_tok, 1)) if batch.ref_logprobs is not None else 0.0)
+    # Token shares of the stages in the order they ran (stage 1 = the high tokens if high_first).
+    shares = ((low, 1 - low) if cfg.lopti_order == "low_first" else (1 - low, low)) if len(stages) == 2 else (1.0,)
+    correct = (rewards == reward.RIGHT).float()
+    groups = rewards.view(-1, cfg.group_size)
+    return {
+        "step": step + 1,
+        "reward": float(rewards.mean()),
+        "accuracy": float(correct.mean()),
+        "format_ok": float((rewards > reward.BAD_FORMAT).float().mean()),
+        # The behaviour of the samples (behaviours.py): the share that derive rather than
+        # guess. From the shipped warm start RL should raise it (the selection it makes).
+        "derive_share": derive_share(texts),
+        "response_len": float(mask.sum(1).mean()),
+        "truncated": float((mask.sum(1) >= cfg.max_new_tokens).float().mean()),
+        "kl": kl,
+        "clip_frac": sum(s * st["clip_frac"] for s, st in zip(shares, stages)),
+        "grad_norm": float(np.mean([st["grad_norm"] for st in stages if st["n_steps"]] or [0.0])),
+        "low_fraction": low,
+        "zero_adv_groups": float((groups == groups[:, :1]).all(1).float().mean()),
+        "pg_loss": sum(st["pg_loss"] for st in stages),
+        # Ratios of the first update: exactly 1 on its first mini-batch (fresh samples).
+        "ratio_min": stages[0]["ratio_min"], "ratio_max": stages[0]["ratio_max"],
+        **probe.metrics,
+        # the share of tokens a token fix singles out (kept, detached or penalised)
+        **({"fix_fraction": fix.fraction(mask)} if fix is not None and fix.mask is not None else {}),
+        "tokens": int(n_tok),
+        "sample_s": round(seconds["sample"], 3),
+        "update_s": round(seconds["update"], 3),
+        "mechanism_s": round(probe.seconds, 3),      # the mechanism's measurements (mechanism.py)
+        "step_s": round(seconds["step"], 3),
+    }
+
+
+def summary_line(m: dict, steps: int) -> str:
+    """The one-line per-step summary."""
+    return (f"step {m['step']:>4}/{steps} | reward {m['reward']:+.3f} | acc {m['accuracy']:.3f} | "
+            f"derive {m.get('derive_share', float('nan')):.2f} | len {m['response_len']:6.1f} | kl {m['kl']:.2e} | clip {m['clip_frac']:.3f} | "
+            f"gnorm {m['grad_norm']:.3f} | low {m['low_fraction']:.3f} | "
+            f"{m['step_s']:.1f}s (sample {m['sample_s']:.1f}s)")
+
+
+# =======================================================================================
+# GPU memory estimate (the table in docs/GPU.md)
+# =======================================================================================
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def memory_estimate_gb(n_params: float, layers: int, kv_heads: int, head_dim: int, vocab: int,
+                       rows: int, seq: int, micro_batch: int, optimizer: str = "adamw",
+                       weights: str = "float32", ref: str = "bfloat16") -> dict:
+    """Rough GPU memory of one training step in GB (1e9 bytes) under a precision policy
+    (precision.py): trained weights and their gradients in ``weights`` (4 B/param for
+    float32 master weights, 2 for bf16); optimizer state: AdamW's two moments in the
+    weights' dtype (8 or 4 B/param), torchao's 8-bit AdamW 2 B/param, Adafactor ~0; the
+    frozen reference copy in ``ref``; the bf16 KV cache of one rollout chunk (rows x seq x
+    layers x 2 x kv_heads x head_dim x 2 B; autocast computes keys and values in bf16);
+    the float32 logits of one micro-batch [micro_batch, seq, vocab] (x2: value + grad).
+    The phases do not overlap: sampling holds the KV cache (grads are freed after each
+    update), the update holds grads and logits; "peak" is the larger phase. Checkpointed
+    activations (~0.1-0.7 GB) and the CUDA context (~0.5 GB) come on top."""
+    gb = 1e9
+    w = BYTES["float32" if weights == "auto" else weights]
+    state = {"adamw": 2 * w, "adamw8bit": 2, "adafactor": 0.05}[optimizer]
+    out = {
+        "weights": w * n_params / gb, "grads": w * n_params / gb, "optimizer": state * n_params / gb,
+        "reference": BYTES[weights if ref == "same" else ref] * n_params / gb,
+        "kv_cache": rows * seq * layers * 2 * kv_heads * head_dim * 2 / gb,
+        "logits": 2 * micro_batch * seq * vocab * 4 / gb,
+    }
+    base = out["weights"] + out["optimizer"] + out["reference"]
+    out["peak"] = max(base + out["kv_cache"], base + out["grads"] + out["logits"])
+    return out
