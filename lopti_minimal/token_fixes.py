@@ -50,10 +50,13 @@ Design choices:
    sets eps_low^IS "to a large value"; rho > 0 anyway) and eps_high^IS 4.0, an upper bound
    of 5 on the weight: MiniMax-M1 does not publish its value (not confirmed here); 5 is the
    epsilon_max TRL documents for `loss_type="cispo"` (from ScaleRL, arXiv 2510.13786);
-   Clip-Cov r = 2e-4, w_low 1, w_high 5 and KL-Cov k = 2e-3, beta 1: the reference
-   implementation's Qwen2.5-7B settings (PRIME-RL/Entropy-Mechanism-of-RL, merged into verl
-   as `clip_cov_ratio`, `clip_cov_lb`, `clip_cov_ub`, `kl_cov_ratio`, `ppo_kl_coef`; the
-   paper uses k = 2e-4 for 32B). Recalled from that code, not re-read for this module.
+   Clip-Cov r = 2e-4, w_low 1, w_high 5: the defaults of the reference implementation
+   (PRIME-RL/Entropy-Mechanism-of-RL, merged into verl as `compute_policy_loss_clip_cov`:
+   `clip_cov_ratio`, `clip_cov_lb`, `clip_cov_ub`; checked against verl's code, as are the
+   draw and the covariance above). KL-Cov beta 1 is verl's `compute_policy_loss_kl_cov`
+   default for `ppo_kl_coef` (its config dataclass defaults to 0.1); k = 2e-3 is the
+   paper's Qwen2.5-7B setting as we read it, where verl's function defaults to 2e-4 (the
+   paper's 32B value): pass --kl-cov-ratio 2e-4 for that.
 5. The Clip-Cov draw is seeded by (seed, step), like every other random choice of a step,
    so a resumed run repeats it.
 6. Clip-Cov keeps grpo.policy_loss for the other tokens, dual clip included (verl's
