@@ -19,23 +19,23 @@ Run phrasing_diversity.py --study first if its table is wanted: it needs each ru
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lopti_minimal.experiments.aggregate import find_runs  # noqa: E402  (the report's rule)
+
 SKIP = ("ckpt-*", "final", "*.png")
-
-
-def finished_runs(study: Path) -> list[Path]:
-    """The run folders of every preset under `study` whose final evaluation was written."""
-    return sorted(p.parent for p in study.glob("*/*/eval_final.json"))
 
 
 def archive(study: Path, dest: Path) -> list[Path]:
     """Copy each finished run (without SKIP) and each preset's top-level .json files.
     Returns the run folders written. Re-running refreshes them (e.g. a new phrasing.json)."""
     written = []
-    for run in finished_runs(study):
+    for run in find_runs(study)[0]:
         target = dest / run.relative_to(study)
         if target.exists():
             shutil.rmtree(target)

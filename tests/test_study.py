@@ -525,7 +525,7 @@ def test_archive_keeps_finished_runs_without_weights(tmp_path):
     for run in (done, todo):
         (run / "ckpt-000010").mkdir(parents=True)
         (run / "ckpt-000010" / "model.safetensors").write_bytes(b"w")
-        (run / "run.json").write_text("{}")
+        (run / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": {}}))
         (run / "metrics.jsonl").write_text("{}\n")
     (done / "final").mkdir()
     (done / "final" / "model.safetensors").write_bytes(b"w")
