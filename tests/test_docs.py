@@ -13,12 +13,6 @@ from conftest import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-# A generated report that is not edited by hand here (its hand-written block included) still
-# links or names pages since merged into docs/HISTORY.md. Each entry must still be in its file
-# (test_known_exceptions_are_still_there): remove it when the report is mended.
-KNOWN_DANGLING: set = set()               # a link
-KNOWN_MISSING: set = set()       # a named path
-
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'(][^)]*)?\)")
@@ -80,7 +74,7 @@ def test_the_machine_path_pattern():
 def test_every_relative_link_resolves(name, folder, text):
     missing = []
     for target in links(text):
-        if not is_relative(target) or (name, target) in KNOWN_DANGLING:
+        if not is_relative(target):
             continue
         path = target.split("#", 1)[0].split("?", 1)[0]
         if path and not (folder / path).exists():
@@ -101,18 +95,9 @@ def test_no_document_names_a_path_of_one_machine(name, folder, text):
 def test_every_named_repository_path_exists(name, folder, text):
     """A results/, checkpoints/, data/ or docs/ path a document names (in prose, code or a
     command) exists, relative to the repository root: the files the guide cites are kept."""
-    missing = sorted({p for p in REPO_PATH.findall(text) if (name, p) not in KNOWN_MISSING
-                      and not glob.glob(str(ROOT / p.rstrip("/")))
+    missing = sorted({p for p in REPO_PATH.findall(text) if not glob.glob(str(ROOT / p.rstrip("/")))
                       and not glob.glob(str(folder / p.rstrip("/")))})
     assert not missing, f"{name} names paths that do not exist: {missing}"
-
-
-def test_known_exceptions_are_still_there():
-    """Each allowed exception is still in its file; once mended, drop it from the list."""
-    for name, target in KNOWN_DANGLING:
-        assert target in links((ROOT / name).read_text()), (name, target)
-    for name, path in KNOWN_MISSING:
-        assert path in REPO_PATH.findall((ROOT / name).read_text()), (name, path)
 
 
 def test_readme_stays_a_guide():
