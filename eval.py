@@ -77,6 +77,7 @@ def load_data(a) -> tuple[list[dict], str]:
 def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
+    from lopti_minimal import host_memory
     from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
     from lopti_minimal.runs import RUNS_ROOT, resolve_model_source
     from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_eval_json
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
             raise ValueError("--temperature must be > 0 for sampled evaluation")
         if a.threads:
             torch.set_num_threads(a.threads)
+        host_memory.limit_heap_growth()     # freed KV caches go back to the kernel (host_memory.py)
         records, tag = load_data(a)
         source, run_cfg = resolve_model_source(a.model)
         model, tok = load_model_and_tokenizer(source, device=a.device)
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
         out = RUNS_ROOT / "eval" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     write_eval_json(report, out)
     print(format_table(report))
-    print(f"[eval] {report['seconds']} s; report: {out}")
+    print(f"[eval] {report['seconds']} s, peak resident memory {host_memory.peak_rss_gb():.2f} GB; report: {out}")
     return 0
 
 

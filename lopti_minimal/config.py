@@ -217,7 +217,13 @@ class TrainConfig:
     # reference AdamW (float32 state); adamw8bit: torchao's 8-bit AdamW with bf16 stochastic
     # rounding, for bf16 weights where float32 ones do not fit; adafactor (transformers)
     optimizer: str = option("adamw", "adamw | adamw8bit | adafactor")
-    gradient_checkpointing: bool = option(False, "recompute activations in the backward (GPU memory)")
+    # On by default, on a CPU too: it keeps one micro-batch's activations per layer instead of
+    # all of them (the tiny model's update peaked ~1.2 GB higher without), for one more forward
+    # in the backward; the gradients are bit for bit the same (non-reentrant checkpointing,
+    # models.set_gradient_checkpointing; tested). benchmarks/memory.py measures both.
+    gradient_checkpointing: bool = option(True, "recompute activations in the backward (less memory, "
+                                          "same gradients, one more forward)",
+                                          flag="--no-gradient-checkpointing")
     # The paper trains all weights (0); LoRA (lora.py, needs peft) is for GPUs too small for it.
     lora_rank: int = option(0, "train LoRA adapters of this rank instead of all weights (0 = off, "
                             "as in the paper; needs peft)")

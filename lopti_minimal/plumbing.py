@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import runs
+from . import host_memory, runs
 from .config import TrainConfig, TrainError, config_from_json, config_to_json, validate
 from .grpo import kl_k3
 from .lora import load_adapter_state
@@ -177,12 +177,16 @@ class Run:
         check_hardware(cfg)                       # before any model is loaded
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # host memory: large freed blocks go back to the kernel (host_memory.py); the peak
+        # resident set is then logged per step and per evaluation
+        host_memory.limit_heap_growth()
         self.dir = Path(cfg.run_dir or runs.default_run_dir(cfg))
         if not resume and self.dir.exists() and any(self.dir.iterdir()):
             raise TrainError(f"run directory {self.dir} exists and is not empty: pass --resume {self.dir} "
                              "or choose another --run-dir")
         self.metrics_path, self.evals_path = self.dir / "metrics.jsonl", self.dir / "evals.jsonl"
         self.start_step, self.writer, self.bar, self.history = 0, None, None, []
+        self.peak_rss_gb = 0.0
 
     def start(self, model, optimizer, data_path: str) -> int:
         """Resume: the latest checkpoint's policy, optimizer and RNG states, the logs cut
@@ -223,7 +227,7 @@ class Run:
                  f"{n_records} RL prompts ({data_path}), threads {torch.get_num_threads()}")
         self.writer = _tensorboard(cfg, self.dir)
         if cfg.eval_before and self.start_step == 0:
-            ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+            ev, _ = self.evaluate(model, tokenizer)
             write_eval_json(ev, self.dir / "eval_before.json")
             self.log("[eval] before RL: " + _eval_text(ev))
         if self.metrics_path.exists():
@@ -231,12 +235,22 @@ class Run:
         self.bar = tqdm(total=cfg.steps, initial=self.start_step, desc="RL steps", disable=not cfg.progress,
                         file=sys.stderr, unit="step")
         self.t_run = time.perf_counter()
+        host_memory.take_peak_rss_gb()     # from here on: the peak of each step, each evaluation
+
+    def evaluate(self, model, tokenizer) -> tuple[dict, float]:
+        """The run's evaluation (evaluate_policy) and the peak resident memory it took."""
+        host_memory.take_peak_rss_gb()     # the step before it has logged its peak
+        ev = evaluate_policy(model, tokenizer, self.cfg, progress=self.cfg.progress)
+        peak = host_memory.take_peak_rss_gb()
+        self.peak_rss_gb = max(self.peak_rss_gb, peak)
+        return ev, peak
 
     def after_step(self, m: dict, model, tokenizer, optimizer) -> None:
         """Log the step's metrics; evaluate and checkpoint when due (not at the last step:
         `finish` does)."""
         cfg = self.cfg
         self.history.append(m)
+        self.peak_rss_gb = max(self.peak_rss_gb, m["peak_rss_gb"])
         runs.append_jsonl(self.metrics_path, m)
         if self.writer:
             for k, v in m.items():
@@ -248,8 +262,8 @@ class Run:
         self.log(summary_line(m, cfg.steps))
         done = m["step"]
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            ev = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
-            runs.append_jsonl(self.evals_path, {"step": done, **_eval_brief(ev)})
+            ev, peak = self.evaluate(model, tokenizer)
+            runs.append_jsonl(self.evals_path, {"step": done, **_eval_brief(ev), "peak_rss_gb": peak})
             self.log(f"[eval] step {done}: " + _eval_text(ev))
         if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
             runs.save_checkpoint(self.dir, done, model, tokenizer, optimizer, config_to_json(cfg),
@@ -269,9 +283,10 @@ class Run:
         paths["final_model"] = str(run_dir / "final")
         final_eval = None
         if cfg.final_eval:
-            final_eval = evaluate_policy(model, tokenizer, cfg, progress=cfg.progress)
+            final_eval, peak = self.evaluate(model, tokenizer)
             write_eval_json(final_eval, run_dir / "eval_final.json")
-            runs.append_jsonl(self.evals_path, {"step": cfg.steps, "final": True, **_eval_brief(final_eval)})
+            runs.append_jsonl(self.evals_path, {"step": cfg.steps, "final": True, **_eval_brief(final_eval),
+                                                "peak_rss_gb": peak})
             paths["eval"] = str(run_dir / "eval_final.json")
             self.log("[eval] final: " + _eval_text(final_eval))
         if cfg.plots:
@@ -284,6 +299,8 @@ class Run:
             self.writer.close()
         (run_dir / "summary.json").write_text(json.dumps(
             {"steps": cfg.steps, "rl_seconds_this_session": round(rl_seconds, 1), "paths": paths,
+             # the host process's peak resident memory in this session's steps and evaluations
+             "peak_rss_gb_this_session": self.peak_rss_gb,
              "final_eval": _eval_brief(final_eval) if final_eval else None}, indent=1))
         return {"run_dir": str(run_dir), "metrics": self.history, "final_eval": final_eval, "paths": paths,
                 "config": cfg}
@@ -369,6 +386,9 @@ def step_metrics(cfg: TrainConfig, step: int, rewards: torch.Tensor, texts: list
         "update_s": round(seconds["update"], 3),
         "mechanism_s": round(probe.seconds, 3),      # the mechanism's measurements (mechanism.py)
         "step_s": round(seconds["step"], 3),
+        # the peak resident memory of the host process during this step (host_memory.py);
+        # an evaluation's peak is logged with it (evals.jsonl)
+        "peak_rss_gb": host_memory.take_peak_rss_gb(),
     }
 
 

@@ -34,7 +34,10 @@ def test_ci_preset_end_to_end(nano_dir, tmp_path):
         assert (run / f).exists(), f
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and {"reward", "accuracy", "derive_share", "kl", "clip_frac", "grad_norm",
-                                "low_fraction", "step_s"} <= set(json.loads(lines[0]))
+                                "low_fraction", "step_s", "peak_rss_gb"} <= set(json.loads(lines[0]))
+    # the host's peak resident memory per step and for the run (host_memory.py): a plausible size
+    assert all(0.1 < json.loads(l)["peak_rss_gb"] < 8 for l in lines)
+    assert 0.1 < json.loads((run / "summary.json").read_text())["peak_rss_gb_this_session"] < 8
     assert "step    1/2 | reward" in p.stdout and "Done. Everything is in" in p.stdout
     # Resume of a finished run with more steps extends it.
     p, _ = run_cli("--resume", str(run), "--steps", "3")

@@ -10,7 +10,8 @@ from conftest import ROOT, load_script
 from lopti_minimal import config, models, plumbing, precision, runs, trainer
 from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
 
-TIMING = ("sample_s", "update_s", "step_s", "mechanism_s")
+# what differs between two runs of the same numbers: times, and the host's resident memory
+TIMING = ("sample_s", "update_s", "step_s", "mechanism_s", "peak_rss_gb")
 
 
 
@@ -146,6 +147,26 @@ def test_rl_step_first_ratio_is_exactly_one_under_bf16_autocast(nano_dir, tmp_pa
     assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0
     assert m["kl"] == 0.0 and m["grad_norm"] > 0
     assert 0 <= m["low_fraction"] <= 1 and m["tokens"] > 0
+
+
+def test_gradient_checkpointing_is_on_by_default_and_changes_no_number(nano_dir, tmp_path):
+    """The default recomputes activations in the backward (host_memory's peak); a whole RL
+    step (sampling, pi_old, pi_ref, AR, Lopti's two stages, AdamW) gives bit for bit the
+    same metrics and weights with and without it, under bf16 autocast."""
+    assert make_config().gradient_checkpointing and make_config("ci").gradient_checkpointing
+    out = {}
+    for ckpt in (False, True):
+        cfg = small_cfg(nano_dir, tmp_path, method="ar_lopti", gradient_checkpointing=ckpt,
+                        micro_batch_size=4, max_new_tokens=40)
+        model, tok = plumbing.load_policy(cfg)
+        assert models.is_gradient_checkpointing(model) == ckpt
+        records, _ = plumbing.rl_prompt_set(cfg, progress=False)
+        records, ids = models.encode_prompts(records[:2], tok, "auto", 256)
+        m = trainer.rl_step(model, precision.reference_copy(model), precision.build_optimizer(model, cfg),
+                            tok, records, ids, cfg, 0, length_reward)
+        out[ckpt] = strip([m])[0], {k: v.clone() for k, v in model.state_dict().items()}
+    assert out[False][0] == out[True][0] and out[True][0]["grad_norm"] > 0
+    assert all(torch.equal(out[False][1][k], out[True][1][k]) for k in out[False][1])
 
 
 # ----------------------------------------------------------------------------- runs

@@ -1,0 +1,91 @@
+"""The process's resident memory on the host (RAM, not GPU memory): keep it bounded, and
+measure its peaks.
+
+Why this module exists. A CPU run of the tiny model (3.4M parameters, 14 MB of weights)
+used to peak at several GB of resident memory and to grow over the run. The live tensors
+never add up to that: an RL step allocates and frees many tensors of 1-32 MB (KV caches,
+logits, activations of a micro-batch), and glibc's malloc serves such sizes from mmap only
+below its *dynamic* mmap threshold. After the first large free the threshold rises (up to
+32 MB on 64-bit), so later blocks of that size come from the heap, where freed memory is
+kept for reuse instead of being returned; pieces of different sizes then fragment the heap
+and the resident set only grows. Fixing the threshold at 1 MiB (`mallopt(M_MMAP_THRESHOLD)`,
+which also turns the dynamic adjustment off) sends every block of 1 MiB or more straight
+to mmap and back to the kernel on free. No number changes: only where the allocator puts
+the bytes. Measured (benchmarks/memory.py; docs/PERFORMANCE.md) on the default run.
+
+`limit_heap_growth` is called once at the start of a run (plumbing.Run) and of an
+evaluation (eval.py). It is glibc only (Linux): elsewhere it does nothing and says so by
+returning False. `peak_rss_gb` / `reset_peak_rss` read and reset the kernel's high-water
+mark of the resident set (Linux: VmHWM in /proc/self/status, reset by writing 5 to
+/proc/self/clear_refs), so a run can log the peak of each step and of each evaluation.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import resource
+import sys
+
+M_MMAP_THRESHOLD = -3      # glibc's <malloc.h>: the mallopt parameter number
+MMAP_THRESHOLD = 1 << 20   # 1 MiB: blocks this large or larger are mmapped and returned on free
+_GB = 1024 ** 3
+
+
+def limit_heap_growth(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold (see the module docstring). True where it was set
+    (glibc), False where there is no glibc (macOS, Windows, musl): nothing else changes."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, int(threshold)) == 1     # mallopt returns 1 on success
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss_gb() -> float | None:
+    """The resident set now (Linux), in GiB; None where /proc is missing."""
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb * 1024 / _GB
+
+
+def peak_rss_gb() -> float:
+    """The peak resident set since the process started or since the last `reset_peak_rss`,
+    in GiB (Linux: VmHWM; elsewhere getrusage's ru_maxrss, never reset)."""
+    kb = _status_kb("VmHWM")
+    if kb is None:   # ru_maxrss: KiB on Linux, bytes on macOS
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return r / _GB if sys.platform == "darwin" else r * 1024 / _GB
+    return kb * 1024 / _GB
+
+
+def reset_peak_rss() -> bool:
+    """Set the peak to the resident set now (Linux >= 4.0). False where it cannot be reset
+    (then peak_rss_gb is the process's peak so far)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def take_peak_rss_gb() -> float:
+    """The peak since the last reset, then reset: the peak of one phase (a step, an
+    evaluation), rounded to MB."""
+    peak = peak_rss_gb()
+    reset_peak_rss()
+    return round(peak, 3)
