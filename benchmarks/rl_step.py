@@ -56,7 +56,6 @@ import copy
 import datetime
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -433,31 +432,9 @@ def part_step(S: Setup, args) -> dict:
 # ----------------------------------------------------------------------------- memory
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status")
-
-
 def memory_child(args) -> dict:
     """In a fresh process: one small warm-up RL step, then one full step; peak - baseline."""
-    from lopti_minimal import trainer as T
+    from lopti_minimal import host_memory, trainer as T
     from lopti_minimal.precision import build_optimizer
     cfg = make_cfg(args, gradient_checkpointing=args.child == "on")
     S = Setup(cfg)
@@ -471,8 +448,8 @@ def memory_child(args) -> dict:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = _rss()
-        hwm_reset = _reset_peak_rss()
+        base = host_memory.rss_gb() * 2**30
+        host_memory.reset_peak_rss()      # Linux; elsewhere the peak includes the loading
     rec, pr = S.step_prompts(0)
     t = time.perf_counter()
     m = T.rl_step(S.model, S.ref, opt, S.tok, rec, pr, cfg, 0)
@@ -480,7 +457,7 @@ def memory_child(args) -> dict:
     if S.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = _peak_rss() if hwm_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = host_memory.peak_rss_gb() * 2**30    # without a reset: the process's peak so far
     return {"checkpointing": args.child == "on", "peak_step_mib": (peak - base) / 2**20,
             "baseline_mib": base / 2**20, "step_s": dt, "update_s": m["update_s"],
             "tokens": m["tokens"], "device": S.device.type}
