@@ -25,8 +25,8 @@ gradient checkpointing on, the default), "no-mallopt" (glibc's dynamic threshold
 gives the same gradients bit for bit, the mmap threshold only moves bytes), so each samples
 the same tokens: the `tokens` column shows it.
 
---trl: TRL's GRPOTrainer in its own process on the first --steps steps' prompts of the same
-preset (benchmarks/trl_side_by_side.py's setting: same model, prompts, G, lengths,
+--trl: GRPO by TRL's GRPOTrainer in its own process on the first --steps steps' prompts of the
+same preset (benchmarks/trl_side_by_side.py's setting: same model, prompts, G, lengths,
 micro-batches, bf16 autocast, checkpointing as the preset), and ours on the same steps in
 another (`trl_side_by_side.run_ours`, no evaluation): the whole process's peak (model
 loading included) of each. Machine and date are printed with the figures (--json writes them).
@@ -195,7 +195,8 @@ def main(argv=None) -> int:
         s = res["variants"]["shipped"]["steps"]
         print(f"shipped: last step's peak / second's = {s[-1] / s[1]:.2f} (flat: <= 1.10)")
     if args.trl:
-        print(f"\nthe same {args.steps} steps without an evaluation, whole-process peak (model loading included)")
+        print(f"\nGRPO (TRL's GRPOTrainer and ours, trl_side_by_side's setting), the first {args.steps} steps' "
+              "prompts, no evaluation: whole-process peak (model loading included)")
         for who in ("trl", "ours"):
             r = in_child("side-" + who)
             res[who] = r
