@@ -1,5 +1,6 @@
 """A lean decode loop for Llama-family models: what `sampling.sample_groups` runs by default
-on a CPU (its `decoder` option; "hf" keeps transformers' forward and its samples).
+on a CPU (its `decoder` option, TrainConfig.decoder / train.py --decoder; "hf" keeps
+transformers' forward and its samples).
 
 Why (benchmarks/sampler_speed.py --profile): a decode iteration of the tiny model (64
 rows, 4 layers of width 256) is a few MFLOP, but transformers' forward spends it on per-op
@@ -32,8 +33,8 @@ for bit under bf16 autocast: transformers' CPU kernel rounds the softmax weights
 before multiplying them with the values and sums in another order, so logits agree to
 bf16 rounding (float32: ~1e-5). A sampled token differs where the last bits of a logit
 decide it (about 0.1% of tokens on checkpoints/tiny-warm); from there that row, and
-through compaction the other rows' random draws, go their own way. `decoder="hf"` (or
-LOPTI_DECODER=hf) keeps the old stream.
+through compaction the other rows' random draws, go their own way. `decoder="hf"`
+(train.py --decoder hf) keeps the old stream: the samples of the shipped runs.
 
 Supported: LlamaForCausalLM and Qwen2ForCausalLM (SmolLM2 is a Llama) with plain
 nn.Linear layers, full attention and a static rotary embedding; for anything else (LoRA
@@ -42,22 +43,18 @@ sampling.py runs transformers' forward.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
-DECODERS = ("auto", "hf", "lean")
+from .config import DECODERS   # ("auto", "hf", "lean"); declared where TrainConfig validates it
+
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
-def resolve(decoder: str | None, device: torch.device) -> str:
+def resolve(decoder: str, device: torch.device) -> str:
     """The decoder to use: "auto" is lean on a CPU and hf elsewhere (the lean loop is
-    measured on CPUs only). None reads the environment variable LOPTI_DECODER (default
-    auto), so that LOPTI_DECODER=hf reproduces the samples of the shipped runs in any
-    command (train.py, eval.py, the study)."""
-    decoder = decoder or os.environ.get("LOPTI_DECODER", "auto")
+    measured on CPUs only)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     if decoder == "auto":
@@ -255,8 +252,8 @@ def _decode(model, ids, mask, group_size, response_ids, old_logprobs, *, eos, te
             top_p, top_k, generator, greedy, check_every, compact) -> int:
     """sample_groups' loop: prefill, then one sampling step and one decode step per token,
     each row's tokens and log-probs written to response_ids / old_logprobs [B, R] (rows
-    that stopped keep what they sampled after EOS: the caller masks it). Returns the
-    number of steps taken."""
+    that stopped keep what they sampled after EOS: the caller masks it; old_logprobs None:
+    not computed). Returns the number of steps taken."""
     from .sampling import _autocast_dtype, _cache_kwarg, filter_logits, position_ids_from_mask
     device = ids.device
     (B, P), R = ids.shape, response_ids.shape[1]
@@ -276,7 +273,8 @@ def _decode(model, ids, mask, group_size, response_ids, old_logprobs, *, eos, te
     def write_out(t1):           # steps t0 .. t1 - 1 of the rows in the batch, to their rows
         b = len(rows)
         response_ids[rows, t0:t1] = toks[t0:t1, :b].T
-        old_logprobs[rows, t0:t1] = logps[t0:t1, :b].T
+        if old_logprobs is not None:
+            old_logprobs[rows, t0:t1] = logps[t0:t1, :b].T
 
     with torch.autocast(device.type, enabled=False):      # the step casts by itself
         for t in range(R):
@@ -290,8 +288,9 @@ def _decode(model, ids, mask, group_size, response_ids, old_logprobs, *, eos, te
                 probs = torch.softmax(filter_logits(logits, top_k, top_p), dim=-1)
                 tok = (probs / noise[:b].exponential_(1, generator=generator)).argmax(-1)
             toks[t, :b] = tok
-            # log softmax(z / T)_tok = z_tok / T - logsumexp(z / T), over the full vocabulary
-            logps[t, :b] = logits.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+            if old_logprobs is not None:
+                # log softmax(z / T)_tok = z_tok / T - logsumexp(z / T), over the full vocabulary
+                logps[t, :b] = logits.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
             done |= torch.isin(tok, eos)
             steps = t + 1
             if steps == R:
@@ -314,19 +313,16 @@ def _decode(model, ids, mask, group_size, response_ids, old_logprobs, *, eos, te
 
 @torch.no_grad()
 def sample_groups(model, prompt_ids, group_size: int, max_new_tokens: int, *, temperature: float,
-                  top_p: float, top_k: int, eos_token_id, pad_token_id: int, generator, greedy: bool,
-                  check_every: int, compact: bool):
-    """`sampling.sample_groups` (its arguments defaulted there) with the lean decode step;
-    None when the model is not supported. The same loop: the same random draws for the same
-    logits, the same stopping, compaction and trimming, and the same Rollout."""
+                  top_p: float, top_k: int, eos_token_id: list[int], pad_token_id: int, generator,
+                  greedy: bool, logprobs: bool, check_every: int, compact: bool):
+    """`sampling.sample_groups` (its arguments defaulted and checked there) with the lean
+    decode step; None when the model is not supported. The same loop: the same random draws
+    for the same logits, the same stopping, compaction and trimming, and the same Rollout."""
     from .sampling import Rollout, left_pad
     if unsupported(model):
         return None
     device = next(model.parameters()).device
-    eos = torch.as_tensor(
-        [] if eos_token_id is None else
-        ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)),
-        dtype=torch.long, device=device)
+    eos = torch.as_tensor(eos_token_id, dtype=torch.long, device=device)
     ids, mask = left_pad(prompt_ids, pad_token_id)
     ids = ids.repeat_interleave(group_size, 0).to(device)
     mask = mask.repeat_interleave(group_size, 0).to(device)
@@ -334,7 +330,7 @@ def sample_groups(model, prompt_ids, group_size: int, max_new_tokens: int, *, te
     R = max_new_tokens
 
     response_ids = torch.full((B, R), pad_token_id, dtype=torch.long, device=device)
-    old_logprobs = torch.zeros((B, R), dtype=torch.float32, device=device)
+    old_logprobs = torch.zeros((B, R), dtype=torch.float32, device=device) if logprobs else None
     was_training = model.training
     model.eval()
     # inference mode: less per-op bookkeeping than no_grad; what leaves it is written into
@@ -353,7 +349,8 @@ def sample_groups(model, prompt_ids, group_size: int, max_new_tokens: int, *, te
     width = int(length.max()) if steps else 0
     response_mask = response_mask[:, :width].contiguous()
     response_ids = torch.where(response_mask > 0, response_ids[:, :width], pad_token_id)
-    old_logprobs = torch.where(response_mask > 0, old_logprobs[:, :width], 0.0)
+    if logprobs:
+        old_logprobs = torch.where(response_mask > 0, old_logprobs[:, :width], 0.0)
     return Rollout(input_ids=torch.cat([ids, response_ids], dim=1),
                    attention_mask=torch.cat([mask, response_mask.long()], dim=1),
                    response_ids=response_ids, response_mask=response_mask,

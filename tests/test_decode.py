@@ -224,20 +224,56 @@ def test_unsupported_models_fall_back_to_transformers(monkeypatch):
     assert built                                       # and a supported one runs lean
 
 
-def test_decoder_option(monkeypatch):
-    """auto is lean on a CPU; None reads LOPTI_DECODER; a wrong name is an error."""
+def test_decoder_option():
+    """auto is lean on a CPU and hf elsewhere; a wrong name is an error in sample_groups and
+    in TrainConfig (the trainer passes cfg.decoder, train.py --decoder sets it); a run saved
+    before the option existed reads back as hf, the decoder it sampled with."""
+    from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
     cpu = torch.device("cpu")
-    monkeypatch.delenv("LOPTI_DECODER", raising=False)
-    assert decode.resolve(None, cpu) == "lean" and decode.resolve("auto", cpu) == "lean"
+    assert decode.resolve("auto", cpu) == "lean" and decode.resolve("hf", cpu) == "hf"
     assert decode.resolve("auto", torch.device("cuda")) == "hf"
-    monkeypatch.setenv("LOPTI_DECODER", "hf")
-    assert decode.resolve(None, cpu) == "hf" and decode.resolve("lean", cpu) == "lean"
-    with pytest.raises(ValueError):
-        decode.resolve("fast", cpu)
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        _rollout(tiny_llama(), PROMPTS, "fast")
+    with pytest.raises(TrainError, match="unknown decoder 'fast'"):
+        make_config("ci", decoder="fast")
+    assert make_config("ci").decoder == "auto"
+    saved = config_to_json(make_config("ci", decoder="lean"))
+    assert config_from_json(saved).decoder == "lean"
+    del saved["decoder"]
+    assert config_from_json(saved).decoder == "hf"
+    import train
+    assert train.build_config(train.parse_args(["--preset", "ci", "--decoder", "hf"])).decoder == "hf"
+
+
+def test_trainer_rollout_uses_the_config_decoder(monkeypatch):
+    """trainer.rollout samples with cfg.decoder: hf reproduces sample_groups(decoder="hf")."""
+    from lopti_minimal import trainer
+    from lopti_minimal.config import make_config
+    seen = []
+    monkeypatch.setattr(decode, "resolve", lambda d, dev, _r=decode.resolve: (seen.append(d), _r(d, dev))[1])
+    cfg = make_config("ci", decoder="hf", autocast_bf16=False, group_size=4, max_new_tokens=24,
+                      temperature=0.7, recompute_old_logprobs=False)
+
+    class Tok:
+        eos_token_id, pad_token_id = EOS, PAD
+    ro = trainer.rollout(tiny_llama(), Tok(), PROMPTS, cfg, torch.Generator().manual_seed(3))
+    ref = _rollout(tiny_llama(), PROMPTS, "hf", check_every=4)
+    assert seen[0] == "hf"
+    for name in ROLLOUT_FIELDS:
+        assert torch.equal(getattr(ro, name), getattr(ref, name)), name
+
+
+def test_lean_without_logprobs_samples_the_same_tokens():
+    """logprobs=False (the trainer's default: pi_old by a teacher-forced forward) skips the
+    log-probs, not a random draw: the same tokens and masks."""
     model = tiny_llama()
-    a = _rollout(model, PROMPTS, None)                  # LOPTI_DECODER=hf
-    b = _rollout(model, PROMPTS, "hf")
-    assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ROLLOUT_FIELDS)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
+    a = _rollout(model, PROMPTS, "lean")
+    b = _rollout(model, PROMPTS, "lean", logprobs=False)
+    assert b.old_logprobs is None
+    for name in ROLLOUT_FIELDS[:4]:
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
 def test_greedy_lean_equals_generate_with_eos():
