@@ -3,14 +3,14 @@ a test.
 
     python benchmarks/sampler_speed.py                       # tiny-warm, 8 x 8 rows, <= 640 tokens
     python benchmarks/sampler_speed.py --threads 1 --repeats 5 --modes eos
-    python benchmarks/sampler_speed.py --decoders hf lean compile
     python benchmarks/sampler_speed.py --profile --modes eos # and torch.profiler's top ops
 
-What runs is the RL step's sampling call, `trainer.rollout` (sampling.sample_groups under
-the preset's bf16 autocast) on the prompts of RL steps 0, 1, ... exactly as `train.py`
-picks them, once with each decoder (sample_groups' `decoder` option: "hf" transformers'
-forward with the static cache, the samples of the shipped runs; "lean" decode.py; "compile"
-decode.py's step under torch.compile). Two modes:
+What runs is the RL step's sampling call: sampling.sample_groups with the arguments
+`trainer.rollout` passes (the preset's temperature, top-p/top-k, log-probs only where the
+trainer does not recompute them, under the preset's bf16 autocast) on the prompts of RL
+steps 0, 1, ... exactly as `train.py` picks them, once with each decoder (TrainConfig.decoder,
+sample_groups' `decoder` option: "hf" transformers' forward with the static cache, the
+samples of the shipped runs; "lean" decode.py, what "auto" runs on a CPU). Two modes:
 
 eos    rows stop at EOS, as in training. The two decoders' samples differ (decode.py's
        docstring says why), so they do different work: compare tokens per second.
@@ -53,7 +53,7 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, help="default: the preset's")
     ap.add_argument("--repeats", type=int, default=3, help="measured repeats per decoder and mode")
     ap.add_argument("--modes", nargs="+", default=["eos", "fixed"], choices=["eos", "fixed"])
-    ap.add_argument("--decoders", nargs="+", default=["hf", "lean"], choices=["hf", "lean", "compile"])
+    ap.add_argument("--decoders", nargs="+", default=["hf", "lean"], choices=["hf", "lean"])
     ap.add_argument("--profile", action="store_true",
                     help="also profile one rollout of each decoder (the first of --modes)")
     ap.add_argument("--profile-tokens", type=int, help="its max new tokens (default: the preset's)")
@@ -74,10 +74,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from benchmarks.rl_step import Setup, machine_info
-    from lopti_minimal import trainer as T
+    from lopti_minimal.config import make_config
+    from lopti_minimal.plumbing import step_generator
+    from lopti_minimal.precision import autocast
     from lopti_minimal.sampling import sample_groups
     info = machine_info(args.threads)
-    cfg = T.make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
+    cfg = make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
                         group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                         threads=args.threads, seed=args.seed, progress=False, plots=False,
                         final_eval=False)
@@ -92,18 +94,19 @@ def main(argv=None) -> int:
 
     def rollout(decoder: str, mode: str, rep: int, max_new_tokens: int = R):
         _, prompts = S.step_prompts(rep)
-        gen = T.step_generator(cfg.seed, rep, S.device)
-        with T.autocast(cfg, S.device):
+        gen = step_generator(cfg.seed, rep, S.device)
+        with autocast(cfg, S.device):
             ro = sample_groups(S.model, prompts, G, max_new_tokens, temperature=cfg.temperature,
                                top_p=cfg.top_p, top_k=cfg.top_k,
                                eos_token_id=S.tok.eos_token_id if mode == "eos" else [],
-                               pad_token_id=S.tok.pad_token_id, generator=gen, decoder=decoder)
+                               pad_token_id=S.tok.pad_token_id, generator=gen,
+                               logprobs=not cfg.recompute_old_logprobs, decoder=decoder)
         return ro
 
     res = {"machine": info, "rows": cfg.prompts_per_step * G, "max_new_tokens": R,
            "threads": args.threads, "load_before": load()}
     for mode in args.modes:
-        for d in args.decoders:                     # warm-up (and compilation), unmeasured
+        for d in args.decoders:                     # warm-up, unmeasured
             t = time.perf_counter()
             rollout(d, mode, 10_000, max_new_tokens=min(R, 64))
             res[f"{mode}_{d}_warmup_s"] = time.perf_counter() - t
