@@ -54,6 +54,8 @@ def parse_args(argv=None):
     ap.add_argument("--save-responses", action="store_true", help="also write every response (JSONL)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--device", help="cpu, cuda ... (default: cuda if available)")
+    ap.add_argument("--decoder", choices=("auto", "hf", "lean"),
+                    help="decode step (TrainConfig.decoder; default: a run's own, else auto)")
     ap.add_argument("--no-bf16", action="store_true",
                     help="decode in the weights' dtype (default: bf16 autocast, the training numerics)")
     ap.add_argument("--no-progress", action="store_true")
@@ -98,6 +100,7 @@ def main(argv=None) -> int:
     budget = a.max_new_tokens or (
         {int(k): v for k, v in run_cfg["eval_max_new_tokens"].items()} if run_cfg else DEFAULT_MAX_NEW_TOKENS)
     style = run_cfg["prompt_style"] if run_cfg else "auto"
+    decoder = a.decoder or (run_cfg.get("decoder", "hf") if run_cfg else "auto")   # old runs: hf
     print(f"[eval] {source} on {len(records)} puzzles ({tag}), "
           f"{'greedy' if a.samples == 1 else f'{a.samples} samples at T={a.temperature}'}")
     prefix = a.response_prefix.replace("\\n", "\n")              # the shell passes "\n" literally
@@ -105,8 +108,9 @@ def main(argv=None) -> int:
                               samples=a.samples, temperature=a.temperature, seed=a.seed,
                               prompt_style=style, autocast_bf16=not a.no_bf16,
                               progress=not a.no_progress, keep_responses=a.save_responses,
-                              response_prefix=prefix)
+                              response_prefix=prefix, decoder=decoder)
     report["model"] = source
+    report["decoder"] = decoder
     report["data"] = a.data or f"official sizes {a.sizes}, first {a.per_size} each"
     report["response_prefix"] = prefix
     if a.out:

@@ -9,12 +9,13 @@ Every part runs the project's own functions on real K&K prompts (the cached RL p
 of the preset, the prompts of step 0, 1, ... exactly as `train.py` picks them), with the
 preset's numerics (bf16 autocast on a CPU, float32 master weights):
 
-sampler  rollout tokens/s: `trainer.rollout` (our `sample_groups`, static KV cache) against
-         transformers `model.generate` on the same model, prompts, batch (prompts x G
-         rows), temperature (no top-k/top-p), maximum length and autocast. Two modes:
+sampler  rollout tokens/s: `trainer.rollout` (our `sample_groups`, the preset's decoder:
+         decode.py's lean loop on a CPU; "ours_hf": decoder="hf", transformers' forward,
+         static KV cache) against transformers `model.generate` on the same model, prompts,
+         batch (prompts x G rows), temperature (no top-k/top-p), length, autocast. Two modes:
          "eos"   rows stop at EOS (the RL setting; lengths differ by sampler RNG, so
                  compare tokens/s, not seconds);
-         "fixed" EOS disabled in both, so both produce exactly B x R tokens (equal work):
+         "fixed" EOS disabled in all, so all produce exactly B x R tokens (equal work):
                  ours with eos_token_id=[]; generate with min_new_tokens=R (its EOS setting
                  falls back to the model's when None is passed, so EOS is suppressed by its
                  min-new-tokens logits processor instead: one masked fill per step).
@@ -142,28 +143,27 @@ def part_sampler(S: Setup, args) -> dict:
     cfg, model, tok = S.cfg, S.model, S.tok
     G, R = cfg.group_size, cfg.max_new_tokens
     _, prompts = S.step_prompts(0)
-    ids, am = left_pad(prompts, tok.pad_token_id)
-    ids = ids.repeat_interleave(G, 0).to(S.device)
-    am = am.repeat_interleave(G, 0).to(S.device)
-    B = ids.shape[0]
-    eos = tok.eos_token_id
+    ids, am = (x.repeat_interleave(G, 0).to(S.device) for x in left_pad(prompts, tok.pad_token_id))
+    B, eos = ids.shape[0], tok.eos_token_id
     model.eval()
 
-    def ours(fixed: bool, seed: int, filled_prefix: bool = True):
+    def ours(fixed: bool, seed: int, filled_prefix: bool = True, decoder: str = cfg.decoder):
         gen = plumbing.step_generator(cfg.seed, seed, S.device)
-        if not fixed:        # exactly what rl_step calls
-            ro = T.rollout(model, tok, prompts, cfg, gen)
+        if not fixed:        # exactly what rl_step calls (with this decoder)
+            ro = T.rollout(model, tok, prompts, replace(cfg, decoder=decoder), gen)
         else:                # the same call with EOS disabled
             with autocast(cfg, S.device):
                 ro = sample_groups(model, prompts, G, R, temperature=cfg.temperature,
                                    top_p=cfg.top_p, top_k=cfg.top_k, eos_token_id=[],
-                                   pad_token_id=tok.pad_token_id, generator=gen,
+                                   pad_token_id=tok.pad_token_id, generator=gen, decoder=decoder,
                                    logprobs=not cfg.recompute_old_logprobs, filled_prefix=filled_prefix)
         return int(ro.response_mask.sum())
 
-    def ours_whole(fixed: bool, seed: int):
-        """Ours attending over the whole preallocated cache (before the filled-prefix view)."""
-        return ours(fixed, seed, filled_prefix=False)
+    def ours_hf(fixed: bool, seed: int):            # transformers' forward as the decode step
+        return ours(fixed, seed, decoder="hf")
+
+    def ours_whole(fixed: bool, seed: int):         # ours_hf attending the whole static cache
+        return ours(fixed, seed, filled_prefix=False, decoder="hf")
 
     def hf(fixed: bool, seed: int):
         torch.manual_seed(seed)
@@ -182,8 +182,8 @@ def part_sampler(S: Setup, args) -> dict:
 
     res = {"rows": B, "prompts": len(prompts), "prompt_len_max": int(ids.shape[1]),
            "max_new_tokens": R}
-    contenders = {"fixed": (("ours", ours), ("ours_whole", ours_whole), ("generate", hf)),
-                  "eos": (("ours", ours), ("generate", hf))}
+    both = (("ours", ours), ("ours_hf", ours_hf))
+    contenders = {"fixed": both + (("ours_whole", ours_whole), ("generate", hf)), "eos": both + (("generate", hf),)}
     for mode in ("fixed", "eos"):
         fixed = mode == "fixed"
         for name, fn in contenders[mode]:
@@ -201,6 +201,7 @@ def part_sampler(S: Setup, args) -> dict:
             res[f"{mode}_{name}_s"] = statistics.median(times[name])
             res[f"{mode}_{name}_tokens"] = statistics.median(toks[name])
         res[f"{mode}_speedup"] = res[f"{mode}_ours_tok_s"] / res[f"{mode}_generate_tok_s"]
+        res[f"{mode}_lean_speedup"] = res[f"{mode}_ours_tok_s"] / res[f"{mode}_ours_hf_tok_s"]
     print(f"\n[sampler] {B} rows ({len(prompts)} prompts x G={G}), prompts <= {ids.shape[1]} tokens, "
           f"<= {R} new tokens, T={cfg.temperature}, median of {args.repeats}")
     print(f"{'mode':8}{'':12}{'tokens':>9}{'seconds':>10}{'tokens/s':>11}")
@@ -208,9 +209,10 @@ def part_sampler(S: Setup, args) -> dict:
         for name, _ in contenders[mode]:
             print(f"{mode:8}{name:12}{res[f'{mode}_{name}_tokens']:>9.0f}{res[f'{mode}_{name}_s']:>10.2f}"
                   f"{res[f'{mode}_{name}_tok_s']:>11.0f}")
-        print(f"{mode:8}ours / generate tokens/s = {res[f'{mode}_speedup']:.2f}  (goal >= 1)")
-    res["filled_prefix_speedup"] = res["fixed_ours_tok_s"] / res["fixed_ours_whole_tok_s"]
-    print(f"fixed   ours / ours attending the whole static cache = {res['filled_prefix_speedup']:.2f}")
+        print(f"{mode:8}ours / generate tokens/s = {res[f'{mode}_speedup']:.2f}  (goal >= 1); ours "
+              f"(decoder {cfg.decoder}) / ours_hf = {res[f'{mode}_lean_speedup']:.2f}")
+    res["filled_prefix_speedup"] = res["fixed_ours_hf_tok_s"] / res["fixed_ours_whole_tok_s"]
+    print(f"fixed   ours_hf / ours_hf attending the whole static cache = {res['filled_prefix_speedup']:.2f}")
     return res
 
 

@@ -1,4 +1,5 @@
-"""Sampler speed: lopti_minimal.sampling.sample_groups vs transformers `generate`.
+"""Sampler speed: lopti_minimal.sampling.sample_groups (its default decoder: decode.py's
+lean loop on a CPU) vs transformers `generate`.
 
     python benchmarks/sampler_vs_generate.py [THREADS=1] [PRESET=tiny]
 

@@ -41,6 +41,8 @@ PAPER_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
 METHODS = PAPER_METHODS + TOKEN_FIXES
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOPTI_ORDERS = ("low_first", "high_first")
+# The decode step of sampling (sampling.sample_groups, decode.py): auto = lean on a CPU
+DECODERS = ("auto", "hf", "lean")
 # The paper's K&K settings per method (Yang et al. 2025 and the reference's launch scripts).
 PAPER_SETTINGS = {"grpo": {}, "ar": {"alpha": 0.2}, "lopti": {"eta": 0.4},
                   "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
@@ -228,6 +230,12 @@ class TrainConfig:
     lora_rank: int = option(0, "train LoRA adapters of this rank instead of all weights (0 = off, "
                             "as in the paper; needs peft)")
     rollout_chunk: int = option(0, "prompts per sampling call (0 = all): bounds the KV cache on a GPU")
+    # The same sampler either way, but for the decode step (decode.py). Samples differ where
+    # the last bits of a logit decide a token; runs saved before this option ran hf.
+    decoder: str = option("auto", "decode step of sampling and evaluation: auto (lean on a CPU, "
+                          "else hf) | lean (decode.py: over 2x the tokens/s on a CPU) | hf "
+                          "(transformers' forward: the samples of the shipped results)",
+                          choices=DECODERS)
     threads: int | None = option(None, "torch CPU threads (default: all cores)", type=int)
 
     # --- the mechanism over training (mechanism.py): per-bin rise / fall shares after every
@@ -377,6 +385,8 @@ def validate(cfg: TrainConfig) -> None:
                          f"{cfg.clip_cov_low}, {cfg.clip_cov_high}, {cfg.kl_cov_coef}")
     if cfg.estimator not in ESTIMATORS:
         raise TrainError(f"unknown estimator {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
+    if cfg.decoder not in DECODERS:
+        raise TrainError(f"unknown decoder {cfg.decoder!r}: choose one of {', '.join(DECODERS)}")
     if cfg.lopti_order not in LOPTI_ORDERS:
         raise TrainError(f"lopti order must be low_first or high_first, got {cfg.lopti_order!r}")
     if cfg.group_size < 2:
@@ -421,6 +431,8 @@ def config_to_json(cfg: TrainConfig) -> dict:
 MISSING_DEFAULTS = {
     # Runs saved before the clamp was an option ran with current verl's 20 (grpo.kl_k3).
     "kl_log_ratio_clamp": 20.0,
+    # Runs saved before the decoder was an option sampled with transformers' forward.
+    "decoder": "hf",
 }
 _TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas")
 

@@ -328,7 +328,8 @@ def evaluate_policy(model, tokenizer, cfg: TrainConfig, sizes=None, per_size=Non
     records = [r for n in sizes for r in kk.load_official([n])[:per]]
     return evaluate_records(model, tokenizer, records, max_new_tokens=cfg.eval_max_new_tokens,
                             batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
-                            autocast_bf16=cfg.autocast_bf16, rollout_chunk=0, progress=progress)
+                            autocast_bf16=cfg.autocast_bf16, rollout_chunk=0, progress=progress,
+                            decoder=cfg.decoder)
 
 
 def _eval_brief(ev: dict) -> dict:

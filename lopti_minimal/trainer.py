@@ -53,7 +53,8 @@ def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, gen
                 model, prompt_ids[s:s + chunk], G, max_new_tokens or cfg.max_new_tokens,
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                generator=generator, greedy=greedy, logprobs=not cfg.recompute_old_logprobs))
+                generator=generator, greedy=greedy, logprobs=not cfg.recompute_old_logprobs,
+                decoder=cfg.decoder))
             precision.free_memory(device)   # this chunk's KV cache (the last one's before the update)
     return concat_rollouts(parts, tokenizer.pad_token_id)
 

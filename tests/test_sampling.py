@@ -141,7 +141,7 @@ def test_top_k_one_is_greedy():
 
 def test_static_and_dynamic_cache_agree():
     model = tiny_llama()
-    a = _sample(model)
+    a = _sample(model, decoder="hf")
     b = _sample(model, static_cache=False)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
@@ -159,6 +159,10 @@ def test_compaction_of_stopped_rows_changes_nothing_greedy():
                   greedy=True, static_cache=static, check_every=2)
         a = sample_groups(model, prompts, compact=True, **kw)
         b = sample_groups(model, prompts, compact=False, **kw)
+        for decoder in ("hf", "lean"):          # and the same with both decode loops
+            c = sample_groups(model, prompts, compact=True, decoder=decoder, **kw)
+            for name in ("input_ids", "attention_mask", "response_ids", "response_mask"):
+                assert torch.equal(getattr(a, name), getattr(c, name)), (decoder, name)
         lengths = a.response_mask.sum(1)
         assert lengths.min() < lengths.max()          # rows stopped at different steps
         for name in ("input_ids", "attention_mask", "response_ids", "response_mask"):
@@ -190,9 +194,9 @@ def test_bf16_kv_cache_under_cpu_autocast_is_bit_identical(monkeypatch):
     caches, store = [], S._store_kv_in
     monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: (caches.append(c), store(c, dt)))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        a = _sample(model)
+        a = _sample(model, decoder="hf")
         monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: None)
-        b = _sample(model)
+        b = _sample(model, decoder="hf")
     assert caches and all(layer.keys.dtype == torch.bfloat16 for layer in caches[0].layers)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.old_logprobs, b.old_logprobs)
@@ -224,7 +228,7 @@ def test_attending_to_the_filled_prefix_changes_nothing(monkeypatch):
     monkeypatch.setattr(S, "_attend_to_filled_prefix", attend_and_record)
     R = 24
     for greedy in (True, False):
-        a = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy)
+        a = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy, decoder="hf")
         b = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy, filled_prefix=False)
         lengths = a.response_mask.sum(1)
         assert lengths.min() < lengths.max()
@@ -254,7 +258,7 @@ def test_kv_cache_is_freed_on_return(monkeypatch):
     gc.disable()
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            _sample(model)
+            _sample(model, decoder="hf")
         assert layers and all(r() is None for r in layers)
     finally:
         gc.enable()

@@ -240,7 +240,7 @@ def _write_heldout(cfg, heldout, path: Path, source: str | None = None) -> Path:
     model, tok = plumbing.load_policy(cfg, source=source)
     report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
                               batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
-                              autocast_bf16=cfg.autocast_bf16, progress=False)
+                              autocast_bf16=cfg.autocast_bf16, progress=False, decoder=cfg.decoder)
     report.update(model=source or cfg.model, data=str(heldout))
     write_eval_json(report, path)
     return path

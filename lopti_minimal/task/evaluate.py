@@ -84,7 +84,8 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
                      batch_size: int = 100, samples: int = 1, temperature: float = 0.7,
                      seed: int = 0, prompt_style: str = "auto", autocast_bf16: bool = False,
                      rollout_chunk: int = 0, progress: bool = True,
-                     keep_responses: bool = False, response_prefix: str = "") -> dict:
+                     keep_responses: bool = False, response_prefix: str = "",
+                     decoder: str = "auto") -> dict:
     """Evaluate ``model`` on ``records``; returns the report dict (see module docstring).
 
     max_new_tokens: an int, or {size: int} (default DEFAULT_MAX_NEW_TOKENS).
@@ -93,6 +94,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
     response_prefix: text the response is forced to start with (appended to the prompt;
         scored as part of the response), e.g. "\n " to make the two-behaviour warm start
         derive (behaviours.py): its derivations open with that token, its guesses with "\n".
+    decoder: sample_groups' decode step (auto | lean | hf; TrainConfig.decoder).
     """
     check_records(records)
     max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
@@ -126,7 +128,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
                                    temperature=None if greedy else temperature,
                                    eos_token_id=tokenizer.eos_token_id,
                                    pad_token_id=tokenizer.pad_token_id, generator=gen, greedy=greedy,
-                                   logprobs=False)
+                                   logprobs=False, decoder=decoder)
             out = [response_prefix + t for t in decode_responses(tokenizer, ro)]
             lens = ro.response_mask.sum(1).long().tolist()
             for j, i in enumerate(chunk):

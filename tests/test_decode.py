@@ -1,0 +1,308 @@
+"""The lean decode loop (decode.py): its logits equal transformers' forward (float32, left
+padding, GQA, biases, Qwen2), under bf16 autocast it is transformers' rollout bit for bit
+once transformers' attention is swapped in, its samples keep the properties sample_groups
+promises, and models it does not serve fall back to transformers' forward."""
+import gc
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import BOS, EOS, PAD, ROOT
+from conftest import tiny_llama as _tiny_llama
+from lopti_minimal import decode
+from lopti_minimal.sampling import left_pad, position_ids_from_mask, sample_groups
+
+PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]   # unequal: left padding
+
+
+def tiny_llama(seed=0, init=0.4):
+    return _tiny_llama(seed, init).eval()
+
+
+def small_model(kind: str, seed=0):
+    """Random small models of the supported families: a Llama with MHA, biases, tied
+    embeddings and llama3 rotary scaling (SmolLM2's family), and a Qwen2 (q/k/v bias, GQA)."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=64, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+                  max_position_embeddings=256, bos_token_id=BOS, eos_token_id=EOS,
+                  pad_token_id=PAD, initializer_range=0.3)
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(num_attention_heads=2, num_key_value_heads=2, attention_bias=True,
+                          mlp_bias=True, tie_word_embeddings=True,
+                          rope_parameters=dict(rope_type="llama3", rope_theta=5e4, factor=8.0,
+                                               low_freq_factor=1.0, high_freq_factor=4.0,
+                                               original_max_position_embeddings=64), **common)
+        return LlamaForCausalLM(cfg).eval()
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    cfg = Qwen2Config(num_attention_heads=4, num_key_value_heads=1, **common)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def hf_logits(model, ids, mask):
+    """transformers' teacher-forced forward: the logits at every position, as float32."""
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask,
+                     position_ids=position_ids_from_mask(mask)).logits.float()
+
+
+def lean_logits(model, prompt_ids, response, group_size=1, autocast_dtype=None):
+    """The lean decoder fed `response` [B, R] after the left-padded prompts (one row per
+    prompt and group member): the logits before each response token, [B, R, V]."""
+    ids, mask = left_pad(prompt_ids, PAD)
+    ids, mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
+    B, P = ids.shape
+    R = response.shape[1]
+    with torch.no_grad():
+        dec = decode.LeanDecoder(model, B, P + R, autocast_dtype)
+        pos = position_ids_from_mask(mask)
+        out = [dec.prefill(ids, mask, pos, "cache", group_size)]
+        nxt = pos[:, -1] + 1
+        with torch.autocast("cpu", enabled=False):
+            for t in range(R - 1):
+                out.append(dec.step(response[:, t], nxt + t))
+    return ids, mask, torch.stack(out, 1).float()
+
+
+@pytest.mark.parametrize("kind", ["tiny", "llama", "qwen2"])
+def test_lean_logits_equal_transformers_forward(kind):
+    """float32: every decode step's logits equal transformers' teacher-forced forward over
+    the whole sequence, with left-padded prompts of unequal length, groups of equal prompts
+    and GQA (tiny, qwen2), biases (llama, qwen2), tied embeddings and llama3 rotary scaling
+    (llama)."""
+    model = tiny_llama() if kind == "tiny" else small_model(kind)
+    assert decode.unsupported(model) is None
+    G, R = 2, 12
+    response = torch.randint(3, 64, (len(PROMPTS) * G, R), generator=torch.Generator().manual_seed(0))
+    ids, mask, lean = lean_logits(model, PROMPTS, response, group_size=G)
+    P = ids.shape[1]
+    full = hf_logits(model, torch.cat([ids, response], 1),
+                     torch.cat([mask, torch.ones_like(response)], 1))[:, P - 1:P + R - 1]
+    assert (lean - full).abs().max() < 1e-4
+
+
+def sdpa_attend(self, q, k, v, mask, buf=None):
+    """transformers' attention on the lean decoder's inputs: its SDPA call in the compute
+    dtype with a boolean mask (q [b * kv_heads, rep, D] -> [b * kv_heads, rep, D])."""
+    bh, rep, D = q.shape
+    b = bh // self.Hkv
+    o = F.scaled_dot_product_attention(
+        q.to(self.cdt).view(b, self.H, 1, D), k.to(self.cdt).view(b, self.Hkv, -1, D),
+        v.to(self.cdt).view(b, self.Hkv, -1, D), attn_mask=(mask == 0).view(b, self.Hkv, 1, -1)[:, :1],
+        scale=self.scale, enable_gqa=self.rep > 1)
+    return o.float().view(bh, rep, D)
+
+
+def sdpa_attend_grouped(self, q, k, v, mask, buf):
+    """The same in the group layout: each row's prompt keys and values from its group's."""
+    kp, vp = (buf[x].repeat_interleave(self.G, 0).flatten(0, 1) for x in ("kp", "vp"))
+    return sdpa_attend(self, q, torch.cat([kp, k[:, self.P:]], 1), torch.cat([vp, v[:, self.P:]], 1), mask)
+
+
+def swap_in_transformers_attention(monkeypatch):
+    monkeypatch.setattr(decode.LeanDecoder, "attend", sdpa_attend)
+    monkeypatch.setattr(decode.LeanDecoder, "attend_grouped", sdpa_attend_grouped)
+
+
+def _rollout(model, prompts, decoder, seed=3, **kw):
+    args = dict(group_size=4, max_new_tokens=24, temperature=0.7, eos_token_id=EOS,
+                pad_token_id=PAD, generator=torch.Generator().manual_seed(seed), check_every=2)
+    args.update(kw)
+    return sample_groups(model, prompts, decoder=decoder, **args)
+
+
+ROLLOUT_FIELDS = ("input_ids", "attention_mask", "response_ids", "response_mask", "old_logprobs")
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_lean_is_transformers_bit_for_bit_but_for_attention(monkeypatch, greedy):
+    """Under bf16 autocast, with transformers' attention kernel swapped into the lean
+    decoder, its rollout is transformers' (decoder="hf") bit for bit: tokens, masks and
+    log-probs, rows stopping at EOS and compacted away. Every other op (fused projections,
+    rotary table, norms, prefill once per group, the group layout of the prompts' keys and
+    values and the switch to rows at the first compaction, the sampling step and its random
+    draws) is exact; attention is the one place the two decoders round differently."""
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hf = _rollout(model, PROMPTS, "hf", greedy=greedy)
+        swap_in_transformers_attention(monkeypatch)
+        lean = _rollout(model, PROMPTS, "lean", greedy=greedy)
+    lengths = hf.response_mask.sum(1)
+    assert lengths.min() < lengths.max()                  # rows stopped at different steps
+    for name in ROLLOUT_FIELDS:
+        assert torch.equal(getattr(hf, name), getattr(lean, name)), name
+
+
+def test_shipped_checkpoint_bit_for_bit_with_transformers_attention(monkeypatch):
+    """The same on checkpoints/tiny-warm and a real K&K prompt (one group of 8 rows)."""
+    from lopti_minimal.models import encode_prompts, load_model_and_tokenizer
+    from lopti_minimal.task import kk
+    model, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / "tiny-warm"),
+                                          dtype=torch.float32, device="cpu")
+    _, prompts = encode_prompts(kk.load_official([3])[:1], tok, "auto", 512)
+    kw = dict(group_size=8, max_new_tokens=32, eos_token_id=tok.eos_token_id,
+              pad_token_id=tok.pad_token_id)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hf = _rollout(model, prompts, "hf", **kw)
+        swap_in_transformers_attention(monkeypatch)
+        lean = _rollout(model, prompts, "lean", **kw)
+    for name in ROLLOUT_FIELDS:
+        assert torch.equal(getattr(hf, name), getattr(lean, name)), name
+
+
+def test_lean_float32_rollout_equals_hf():
+    """float32: the logits agree to ~1e-5, too little to change a sampled token here, so
+    the lean rollout is transformers' one (same tokens for the same generator, compaction
+    included), its log-probs to float tolerance (test_sampling's)."""
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
+    for seed in range(3):
+        hf = _rollout(model, PROMPTS, "hf", seed=seed)
+        lean = _rollout(model, PROMPTS, "lean", seed=seed)
+        for name in ROLLOUT_FIELDS[:4]:
+            assert torch.equal(getattr(hf, name), getattr(lean, name)), (seed, name)
+        assert (hf.old_logprobs - lean.old_logprobs).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_lean_logprobs_equal_teacher_forced_forward(kind):
+    """The recorded log pi_old(o_t) at temperature T equal a fresh teacher-forced forward
+    (test_sampling's tolerance), for the other supported families and top-k/top-p."""
+    model = small_model(kind)
+    for kw in (dict(temperature=0.7), dict(temperature=1.3, top_p=0.8, top_k=10)):
+        r = _rollout(model, PROMPTS, "lean", **kw)
+        P, R = r.prompt_len, r.response_ids.shape[1]
+        lp = torch.log_softmax(hf_logits(model, r.input_ids, r.attention_mask)[:, P - 1:P + R - 1]
+                               / kw["temperature"], -1)
+        tf = lp.gather(-1, r.response_ids.unsqueeze(-1)).squeeze(-1)
+        m = r.response_mask > 0
+        assert (tf[m] - r.old_logprobs[m]).abs().max() < 1e-4
+        assert (r.old_logprobs[~m] == 0).all() and (r.response_ids[~m] == PAD).all()
+
+
+def test_bf16_weights_without_autocast():
+    """A model in bf16 (no autocast): the lean decoder computes in the weights' dtype like
+    transformers; logits agree to bf16 rounding."""
+    model = tiny_llama().to(torch.bfloat16)
+    response = torch.randint(3, 64, (len(PROMPTS), 8), generator=torch.Generator().manual_seed(0))
+    ids, mask, lean = lean_logits(model, PROMPTS, response)
+    P = ids.shape[1]
+    full = hf_logits(model, torch.cat([ids, response], 1),
+                     torch.cat([mask, torch.ones_like(response)], 1))[:, P - 1:P + 7]
+    scale = full.abs().max()
+    assert (lean - full).abs().max() < 0.05 * scale
+
+
+def test_unsupported_models_fall_back_to_transformers(monkeypatch):
+    """Models the lean loop does not serve (a forward hook, dynamic rotary scaling, another
+    architecture) are sampled by transformers' forward: the rollout equals decoder="hf"."""
+    built = []
+    init = decode.LeanDecoder.__init__
+    monkeypatch.setattr(decode.LeanDecoder, "__init__",
+                        lambda self, *a, **k: (built.append(1), init(self, *a, **k))[1])
+    hooked = tiny_llama()
+    hooked.lm_head.register_forward_hook(lambda m, i, o: o)
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64,
+                                      bos_token_id=BOS, eos_token_id=EOS)).eval()
+    dynamic = tiny_llama()
+    dynamic.model.rotary_emb.rope_type = "dynamic"
+    for model in (hooked, gpt2, dynamic):
+        assert decode.unsupported(model)
+        a = _rollout(model, PROMPTS, "hf", max_new_tokens=8)
+        b = _rollout(model, PROMPTS, "auto", max_new_tokens=8)
+        for name in ROLLOUT_FIELDS:
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert not built
+    _rollout(tiny_llama(), PROMPTS, "auto", max_new_tokens=4)
+    assert built                                       # and a supported one runs lean
+
+
+def test_decoder_option():
+    """auto is lean on a CPU and hf elsewhere; a wrong name is an error in sample_groups and
+    in TrainConfig (the trainer passes cfg.decoder, train.py --decoder sets it); a run saved
+    before the option existed reads back as hf, the decoder it sampled with."""
+    from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
+    cpu = torch.device("cpu")
+    assert decode.resolve("auto", cpu) == "lean" and decode.resolve("hf", cpu) == "hf"
+    assert decode.resolve("auto", torch.device("cuda")) == "hf"
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        _rollout(tiny_llama(), PROMPTS, "fast")
+    with pytest.raises(TrainError, match="unknown decoder 'fast'"):
+        make_config("ci", decoder="fast")
+    assert make_config("ci").decoder == "auto"
+    saved = config_to_json(make_config("ci", decoder="lean"))
+    assert config_from_json(saved).decoder == "lean"
+    del saved["decoder"]
+    assert config_from_json(saved).decoder == "hf"
+    import train
+    assert train.build_config(train.parse_args(["--preset", "ci", "--decoder", "hf"])).decoder == "hf"
+
+
+def test_trainer_rollout_uses_the_config_decoder(monkeypatch):
+    """trainer.rollout samples with cfg.decoder: hf reproduces sample_groups(decoder="hf")."""
+    from lopti_minimal import trainer
+    from lopti_minimal.config import make_config
+    seen = []
+    monkeypatch.setattr(decode, "resolve", lambda d, dev, _r=decode.resolve: (seen.append(d), _r(d, dev))[1])
+    cfg = make_config("ci", decoder="hf", autocast_bf16=False, group_size=4, max_new_tokens=24,
+                      temperature=0.7, recompute_old_logprobs=False)
+
+    class Tok:
+        eos_token_id, pad_token_id = EOS, PAD
+    ro = trainer.rollout(tiny_llama(), Tok(), PROMPTS, cfg, torch.Generator().manual_seed(3))
+    ref = _rollout(tiny_llama(), PROMPTS, "hf", check_every=4)
+    assert seen[0] == "hf"
+    for name in ROLLOUT_FIELDS:
+        assert torch.equal(getattr(ro, name), getattr(ref, name)), name
+
+
+def test_lean_without_logprobs_samples_the_same_tokens():
+    """logprobs=False (the trainer's default: pi_old by a teacher-forced forward) skips the
+    log-probs, not a random draw: the same tokens and masks."""
+    model = tiny_llama()
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
+    a = _rollout(model, PROMPTS, "lean")
+    b = _rollout(model, PROMPTS, "lean", logprobs=False)
+    assert b.old_logprobs is None
+    for name in ROLLOUT_FIELDS[:4]:
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_greedy_lean_equals_generate_with_eos():
+    """Greedy decoding with the lean loop is transformers' generate, rows stopping at EOS."""
+    model = tiny_llama(init=0.1)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] = model.lm_head.weight[40] * 1.05
+    r = sample_groups(model, PROMPTS, group_size=1, max_new_tokens=12, eos_token_id=EOS,
+                      pad_token_id=PAD, greedy=True, decoder="lean")
+    stopped = (r.response_ids == EOS).any(1)
+    assert stopped.any() and not stopped.all()
+    P = r.prompt_len
+    gen = model.generate(input_ids=r.input_ids[:, :P], attention_mask=r.attention_mask[:, :P],
+                         do_sample=False, max_new_tokens=12, eos_token_id=EOS, pad_token_id=PAD)
+    assert torch.equal(gen[:, P:], r.response_ids)
+
+
+def test_buffers_are_freed_on_return(monkeypatch):
+    """The decoder's key/value buffers do not outlive sample_groups (no reference cycle:
+    with the cycle collector off, the decoder is gone on return)."""
+    refs = []
+    init = decode.LeanDecoder.__init__
+    monkeypatch.setattr(decode.LeanDecoder, "__init__",
+                        lambda self, *a, **k: (refs.append(weakref.ref(self)), init(self, *a, **k))[1])
+    model = tiny_llama()
+    gc.disable()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _rollout(model, PROMPTS, "lean")
+        assert refs and all(r() is None for r in refs)
+    finally:
+        gc.enable()
