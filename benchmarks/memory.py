@@ -4,6 +4,7 @@ printed figures, not a test.
     python benchmarks/memory.py                              # tiny-warm, cpu-tiny preset
     python benchmarks/memory.py --steps 5 --eval-sizes 3 7 --variants shipped
     python benchmarks/memory.py --trl                        # + TRL's GRPOTrainer (needs trl)
+    python benchmarks/memory.py --variants --repeat 10 --model runs/default-s0/final
     python benchmarks/memory.py --preset smollm2-cpu --model models/smollm2-135m-instruct
 
 Each variant runs in a fresh process (so no variant sees another's allocator state) the
@@ -24,6 +25,13 @@ gradient checkpointing on, the default), "no-mallopt" (glibc's dynamic threshold
 "no-checkpointing", and "neither". They run the same floating-point path (checkpointing
 gives the same gradients bit for bit, the mmap threshold only moves bytes), so each samples
 the same tokens: the `tokens` column shows it.
+
+--repeat K: growth at equal work. A run's steps do different work (its responses lengthen as
+RL selects derivations), so its per-step peaks are not comparable; here one step (the
+prompts and generator of step --repeat-step) runs K times in one process, each time from
+the same weights and optimizer state (restored before it), so every repetition samples
+the same tokens: a peak that still rises is the allocator's, not the work's. Use --model
+with a trained policy (e.g. a default run's `final/`) for the long responses of late steps.
 
 --trl: GRPO by TRL's GRPOTrainer in its own process on the first --steps steps' prompts of the
 same preset (benchmarks/trl_side_by_side.py's setting: same model, prompts, G, lengths,
@@ -59,7 +67,10 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=3, help="RL steps per variant")
     ap.add_argument("--eval-sizes", type=int, nargs="+", default=[7], help="sizes of the final evaluation")
     ap.add_argument("--eval-per-size", type=int, help="puzzles per size (default: the preset's)")
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
+                    help="(none: skip the run)")
+    ap.add_argument("--repeat", type=int, default=0, help="K repetitions of one step at equal work (0: none)")
+    ap.add_argument("--repeat-step", type=int, default=0, help="whose prompts and generator --repeat uses")
     ap.add_argument("--trl", action="store_true", help="also TRL's trainer and ours on the same steps")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -158,6 +169,36 @@ def child_side(args, who: str) -> dict:
             "tokens": r["per_step_tokens"], "step_s": r["per_step_s"]}
 
 
+def child_repeat(args) -> dict:
+    """One step's work K times from the same weights and optimizer state (shipped variant)."""
+    import copy
+    import torch
+    from lopti_minimal import host_memory, models, plumbing, precision, trainer
+    from lopti_minimal.config import make_config
+    host_memory.limit_heap_growth()
+    torch.set_num_threads(args.threads)
+    cfg = make_config(args.preset, model=args.model, threads=args.threads, progress=False)
+    model, tok = plumbing.load_policy(cfg)
+    ref = precision.reference_copy(model, precision.ref_dtype(cfg)) if cfg.kl_coef else None
+    opt = precision.build_optimizer(model, cfg)
+    records, _ = plumbing.rl_prompt_set(cfg, progress=False)
+    records, ids = models.encode_prompts(records, tok, cfg.prompt_style, cfg.max_prompt_len)
+    idx = plumbing.step_prompt_indices(cfg.seed, args.repeat_step, cfg.prompts_per_step, len(records))
+    rec, pr = [records[i] for i in idx], [ids[i] for i in idx]
+    weights = copy.deepcopy(model.state_dict())
+    trainer.rl_step(model, ref, opt, tok, rec, pr, cfg, args.repeat_step)   # allocates AdamW's state
+    state = copy.deepcopy(opt.state_dict())
+    peaks, tokens = [], []
+    for _ in range(args.repeat):
+        model.load_state_dict(weights)
+        opt.load_state_dict(copy.deepcopy(state))
+        host_memory.take_peak_rss_gb()
+        m = trainer.rl_step(model, ref, opt, tok, rec, pr, cfg, args.repeat_step)
+        peaks.append(m["peak_rss_gb"])
+        tokens.append(m["tokens"])
+    return {"peaks": peaks, "tokens": tokens}
+
+
 # ------------------------------------------------------------------------- the parent
 
 
@@ -171,7 +212,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
         kind = args.child
-        res = child_side(args, kind[5:]) if kind.startswith("side-") else child_run(args, kind)
+        res = (child_side(args, kind[5:]) if kind.startswith("side-") else
+               child_repeat(args) if kind == "repeat" else child_run(args, kind))
         print(json.dumps(res))
         return 0
     import torch
@@ -184,16 +226,21 @@ def main(argv=None) -> int:
     print(f"preset {args.preset}{', model ' + args.model if args.model else ''}: {args.steps} RL steps, "
           f"then the evaluation on sizes {args.eval_sizes}; peak resident memory in GB (fresh process each)")
     res = {"machine": mi, "argv": sys.argv[1:], "variants": {}}
-    print(f"{'variant':18}" + "".join(f"{p:>15}" for p in PHASES) + f"{'process':>9}  steps; tokens")
+    if args.variants:
+        print(f"{'variant':18}" + "".join(f"{p:>15}" for p in PHASES) + f"{'process':>9}  steps; tokens")
     for v in args.variants:
         r = in_child(v)
         res["variants"][v] = r
         print(f"{v:18}" + "".join(f"{r['phases'].get(p, float('nan')):>15.2f}" for p in PHASES)
               + f"{r['process_peak_gb']:>9.2f}  " + " ".join(f"{x:.2f}" for x in r["steps"])
               + "; " + " ".join(str(t) for t in r["tokens"]))
-    if len(res["variants"].get("shipped", {}).get("steps", [])) >= 3:
-        s = res["variants"]["shipped"]["steps"]
-        print(f"shipped: last step's peak / second's = {s[-1] / s[1]:.2f} (flat: <= 1.10)")
+    if args.repeat:
+        r = res["repeat"] = in_child("repeat")
+        print(f"\nthe work of step {args.repeat_step} repeated {args.repeat} times from the same weights "
+              f"(tokens {sorted(set(r['tokens']))}): peak per repetition "
+              + " ".join(f"{x:.2f}" for x in r["peaks"]))
+        if len(r["peaks"]) >= 2:
+            print(f"last / second = {r['peaks'][-1] / r['peaks'][1]:.2f} (flat: <= 1.10)")
     if args.trl:
         print(f"\nGRPO (TRL's GRPOTrainer and ours, trl_side_by_side's setting), the first {args.steps} steps' "
               "prompts, no evaluation: whole-process peak (model loading included)")
