@@ -18,6 +18,9 @@ evaluation (eval.py). It is glibc only (Linux): elsewhere it does nothing and sa
 returning False. `peak_rss_gb` / `reset_peak_rss` read and reset the kernel's high-water
 mark of the resident set (Linux: VmHWM in /proc/self/status, reset by writing 5 to
 /proc/self/clear_refs), so a run can log the peak of each step and of each evaluation.
+The reset also resets what getrusage and `/usr/bin/time -v` report as the maximum resident
+set of the process (the kernel keeps one mark), so for a run they show only the peak since
+the last reset: read the run's own figures (metrics.jsonl, evals.jsonl, summary.json).
 """
 from __future__ import annotations
 
