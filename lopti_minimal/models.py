@@ -162,6 +162,12 @@ def set_gradient_checkpointing(model, enabled: bool) -> None:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        # transformers also hooks the input embeddings to make their output require grad,
+        # which only reentrant checkpointing needs (frozen embeddings under LoRA). Without
+        # the hook the gradients are the same (tested), and the model stays free of hooks, so
+        # the lean decode loop (decode.py, which refuses hooked models) still serves it.
+        if getattr(model, "_require_grads_hook", None) is not None:
+            model.disable_input_require_grads()
     elif hasattr(model, "activation_checkpointing_disable"):
         model.activation_checkpointing_disable()
     else:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT, load_script
-from lopti_minimal import config, models, plumbing, precision, runs, trainer
+from lopti_minimal import config, decode, models, plumbing, precision, runs, trainer
 from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
 
 # what differs between two runs of the same numbers: times, and the host's resident memory
@@ -151,8 +151,8 @@ def test_rl_step_first_ratio_is_exactly_one_under_bf16_autocast(nano_dir, tmp_pa
 
 def test_gradient_checkpointing_is_on_by_default_and_changes_no_number(nano_dir, tmp_path):
     """The default recomputes activations in the backward (host_memory's peak); a whole RL
-    step (sampling, pi_old, pi_ref, AR, Lopti's two stages, AdamW) gives bit for bit the
-    same metrics and weights with and without it, under bf16 autocast."""
+    step (sampling with the default decoder, pi_old, pi_ref, AR, Lopti's two stages, AdamW)
+    gives bit for bit the same metrics and weights with and without it, under bf16 autocast."""
     assert make_config().gradient_checkpointing and make_config("ci").gradient_checkpointing
     out = {}
     for ckpt in (False, True):
@@ -160,6 +160,7 @@ def test_gradient_checkpointing_is_on_by_default_and_changes_no_number(nano_dir,
                         micro_batch_size=4, max_new_tokens=40)
         model, tok = plumbing.load_policy(cfg)
         assert models.is_gradient_checkpointing(model) == ckpt
+        assert decode.unsupported(model) is None      # checkpointing leaves the lean decoder usable
         records, _ = plumbing.rl_prompt_set(cfg, progress=False)
         records, ids = models.encode_prompts(records[:2], tok, "auto", 256)
         m = trainer.rl_step(model, precision.reference_copy(model), precision.build_optimizer(model, cfg),
