@@ -16,12 +16,14 @@ preset's eval batches). Around the functions the step calls (sampling `trainer.r
 `grpo_update` / `lopti_update`; the evaluation `plumbing.evaluate_policy`) the kernel's
 high-water mark of the resident set is reset before and read after (host_memory.py), so each
 phase's figure is the peak resident memory of the whole process while that phase ran (the
-weights, optimizer state and pi_ref included), the largest over the steps. "steps" lists the
+weights, optimizer state and pi_ref included), the largest over the steps; "s/step" is the
+median step time, since memory returned to the kernel costs time (config.mmap_threshold_mb). "steps" lists the
 peak of each step (metrics.jsonl's `peak_rss_gb`): flat over the run means the last within
 10% of the second.
 
 The variants: "shipped" (glibc's mmap threshold fixed at 1 MiB, host_memory.limit_heap_growth;
-gradient checkpointing on, the default), "no-mallopt" (glibc's dynamic threshold, as before),
+gradient checkpointing on: the defaults), "no-mallopt" (--mmap-threshold-mb 0: glibc's
+dynamic threshold),
 "no-checkpointing", and "neither". They run the same floating-point path (checkpointing
 gives the same gradients bit for bit, the mmap threshold only moves bytes), so each samples
 the same tokens: the `tokens` column shows it.
@@ -45,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -130,23 +133,22 @@ def phase_peaks(peaks: dict):
 
 def child_run(args, variant: str) -> dict:
     import torch
-    from lopti_minimal import host_memory, trainer
+    from lopti_minimal import trainer
     from lopti_minimal.config import make_config
     mallopt, ckpt = VARIANTS[variant]
-    if not mallopt:                     # the run would call it at its start (plumbing.Run)
-        host_memory.limit_heap_growth = lambda *a, **k: False
     torch.set_num_threads(args.threads)
     peaks = {}
     with tempfile.TemporaryDirectory() as d, phase_peaks(peaks):
         cfg = make_config(args.preset, model=args.model, steps=args.steps, threads=args.threads,
-                          gradient_checkpointing=ckpt, eval_every=0, save_every=0, final_eval=True,
+                          gradient_checkpointing=ckpt, mmap_threshold_mb=1 if mallopt else 0, eval_every=0, save_every=0, final_eval=True,
                           eval_sizes=tuple(args.eval_sizes), eval_per_size=args.eval_per_size,
                           run_dir=os.path.join(d, "run"), progress=False, plots=False, tensorboard=False)
         t = time.perf_counter()
         res = trainer.train(cfg, log=lambda s: None)
         seconds = time.perf_counter() - t
     steps = [m["peak_rss_gb"] for m in res["metrics"]]
-    return {"variant": variant, "mallopt": mallopt, "checkpointing": ckpt, "phases": peaks,
+    return {"variant": variant, "mallopt": mallopt, "checkpointing": ckpt, "phases": peaks, "seconds_by_step":
+            [m["step_s"] for m in res["metrics"]],
             "steps": steps, "tokens": [m["tokens"] for m in res["metrics"]],
             "update_s": [m["update_s"] for m in res["metrics"]], "seconds": round(seconds, 1),
             "process_peak_gb": max(steps + [peaks.get("evaluation", 0.0)])}
@@ -227,12 +229,14 @@ def main(argv=None) -> int:
           f"then the evaluation on sizes {args.eval_sizes}; peak resident memory in GB (fresh process each)")
     res = {"machine": mi, "argv": sys.argv[1:], "variants": {}}
     if args.variants:
-        print(f"{'variant':18}" + "".join(f"{p:>15}" for p in PHASES) + f"{'process':>9}  steps; tokens")
+        print(f"{'variant':18}" + "".join(f"{p:>15}" for p in PHASES) + f"{'process':>9}{'s/step':>8}"
+              "  steps; tokens")
     for v in args.variants:
         r = in_child(v)
         res["variants"][v] = r
         print(f"{v:18}" + "".join(f"{r['phases'].get(p, float('nan')):>15.2f}" for p in PHASES)
-              + f"{r['process_peak_gb']:>9.2f}  " + " ".join(f"{x:.2f}" for x in r["steps"])
+              + f"{r['process_peak_gb']:>9.2f}{statistics.median(r['seconds_by_step']):>8.1f}  "
+              + " ".join(f"{x:.2f}" for x in r["steps"])
               + "; " + " ".join(str(t) for t in r["tokens"]))
     if args.repeat:
         r = res["repeat"] = in_child("repeat")

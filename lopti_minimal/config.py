@@ -237,6 +237,15 @@ class TrainConfig:
                           "(transformers' forward: the samples of the shipped results)",
                           choices=DECODERS)
     threads: int | None = option(None, "torch CPU threads (default: all cores)", type=int)
+    # Host memory (host_memory.py). glibc keeps freed blocks below its dynamic mmap threshold
+    # (up to 32 MiB) in the heap, where they fragment and the resident set grows; fixed at
+    # 1 MiB, large blocks go back to the kernel on free. Measured on the default run (AMD
+    # EPYC 2-core, benchmarks/memory.py): peak 1.1 GB instead of 2.2 GB over 3 steps, but
+    # every large temporary is then a fresh mmap the kernel zeroes: the update ~1.5x slower.
+    # Bounded memory is the default; 0 = glibc's own behaviour (faster, more memory).
+    mmap_threshold_mb: int = option(1, "glibc malloc: blocks of this many MiB or more are returned "
+                                    "to the kernel on free (bounded memory, slower update; "
+                                    "0 = glibc's dynamic default)")
 
     # --- the mechanism over training (mechanism.py): per-bin rise / fall shares after every
     # update cost one no-grad forward and are always logged; each bin's share of the squared

@@ -55,3 +55,13 @@ def test_peak_rss_is_read_and_reset():
     del x
     assert host_memory.take_peak_rss_gb() >= peak - 1e-3   # the peak with x, then reset ...
     assert host_memory.peak_rss_gb() < peak - 0.2          # ... to the resident set without it
+
+
+@pytest.mark.parametrize("mb, calls", [(1, [1 << 20]), (4, [4 << 20]), (0, [])])
+def test_a_run_sets_the_configured_threshold(monkeypatch, tmp_path, mb, calls):
+    from lopti_minimal import plumbing
+    from lopti_minimal.config import make_config
+    seen = []
+    monkeypatch.setattr(host_memory, "limit_heap_growth", lambda t: seen.append(t) or True)
+    plumbing.Run(make_config("ci", run_dir=str(tmp_path / "run"), mmap_threshold_mb=mb))
+    assert seen == calls
