@@ -318,14 +318,12 @@ def sample_groups(model, prompt_ids, group_size: int, max_new_tokens: int, *, te
     """`sampling.sample_groups` (its arguments defaulted and checked there) with the lean
     decode step; None when the model is not supported. The same loop: the same random draws
     for the same logits, the same stopping, compaction and trimming, and the same Rollout."""
-    from .sampling import Rollout, left_pad
+    from .sampling import Rollout, group_rows
     if unsupported(model):
         return None
     device = next(model.parameters()).device
     eos = torch.as_tensor(eos_token_id, dtype=torch.long, device=device)
-    ids, mask = left_pad(prompt_ids, pad_token_id)
-    ids = ids.repeat_interleave(group_size, 0).to(device)
-    mask = mask.repeat_interleave(group_size, 0).to(device)
+    ids, mask = group_rows(prompt_ids, group_size, pad_token_id, device)
     B, P = ids.shape
     R = max_new_tokens
 

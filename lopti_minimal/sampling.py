@@ -110,6 +110,13 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], pad_token_id: int):
     return ids, mask
 
 
+def group_rows(prompt_ids: Sequence[Sequence[int]], group_size: int, pad_token_id: int, device):
+    """The left-padded [N * G, P] ids and mask of G rows per prompt, group-major: prompt g
+    occupies rows g*G .. g*G+G-1 (GRPO's groups)."""
+    ids, mask = left_pad(prompt_ids, pad_token_id)
+    return ids.repeat_interleave(group_size, 0).to(device), mask.repeat_interleave(group_size, 0).to(device)
+
+
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Top-k then top-p (nucleus) filtering of [B, V] logits; removed entries become -inf.
 
@@ -196,10 +203,7 @@ def sample_groups(
             return ro
     eos = torch.as_tensor(eos_token_id, dtype=torch.long, device=device)
 
-    # Group-major expansion: prompt g occupies rows g*G .. g*G+G-1.
-    ids, mask = left_pad(prompt_ids, pad_token_id)
-    ids = ids.repeat_interleave(group_size, 0).to(device)
-    mask = mask.repeat_interleave(group_size, 0).to(device)
+    ids, mask = group_rows(prompt_ids, group_size, pad_token_id, device)
     B, P = ids.shape
     R = max_new_tokens
 
