@@ -184,8 +184,11 @@ PAPER_KK = {
 # =======================================================================================
 
 # Fields that do not change what a run computes (where it writes, how it shows progress,
-# how many threads): ignored when configs are compared.
-RUNTIME_FIELDS = {"run_dir", "progress", "plots", "tensorboard", "threads", "cache_dir"}
+# how many threads, and the two memory knobs that change no number: gradient checkpointing,
+# bit-identical gradients, and glibc's mmap threshold; both tested): ignored when configs are
+# compared, so runs from before they were defaults still pair with new ones.
+RUNTIME_FIELDS = {"run_dir", "progress", "plots", "tensorboard", "threads", "cache_dir",
+                  "gradient_checkpointing", "mmap_threshold_mb"}
 VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "ppo_epochs", "estimator", "seed"}
 
 
