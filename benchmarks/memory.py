@@ -177,9 +177,10 @@ def child_repeat(args) -> dict:
     import torch
     from lopti_minimal import host_memory, models, plumbing, precision, trainer
     from lopti_minimal.config import make_config
-    host_memory.limit_heap_growth()
     torch.set_num_threads(args.threads)
     cfg = make_config(args.preset, model=args.model, threads=args.threads, progress=False)
+    if cfg.mmap_threshold_mb:             # as plumbing.Run does at a run's start
+        host_memory.limit_heap_growth(cfg.mmap_threshold_mb << 20)
     model, tok = plumbing.load_policy(cfg)
     ref = precision.reference_copy(model, precision.ref_dtype(cfg)) if cfg.kl_coef else None
     opt = precision.build_optimizer(model, cfg)
