@@ -45,7 +45,8 @@ def parse_args(argv=None):
     ap.add_argument("--samples", type=int, default=1, help="responses per puzzle (1 = greedy)")
     ap.add_argument("--temperature", type=float, default=0.7, help="with --samples > 1")
     ap.add_argument("--max-new-tokens", type=int, help="one response budget for every size")
-    ap.add_argument("--batch-size", type=int, default=100, help="responses decoded together")
+    ap.add_argument("--batch-size", type=int, default=50,
+                    help="responses decoded together (memory only; a run's evaluation: 50)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--response-prefix", default="",
                     help=r"force every response to start with this text, e.g. '\n ' (a newline and a "

@@ -56,8 +56,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-VARIANTS = {"shipped": (True, True), "no-mallopt": (False, True),
-            "no-checkpointing": (True, False), "neither": (False, False)}
+# name: (mmap_threshold_mb, gradient_checkpointing); None = the config's default
+VARIANTS = {"shipped": (None, True), "no-mallopt": (0, True),
+            "no-checkpointing": (None, False), "neither": (0, False)}
 PHASES = ("sampling", "old log-probs", "ref log-probs", "update", "evaluation")
 
 
@@ -75,6 +76,8 @@ def parse_args(argv=None):
     ap.add_argument("--repeat", type=int, default=0, help="K repetitions of one step at equal work (0: none)")
     ap.add_argument("--repeat-step", type=int, default=0, help="whose prompts and generator --repeat uses")
     ap.add_argument("--trl", action="store_true", help="also TRL's trainer and ours on the same steps")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="a TrainConfig field for every variant, e.g. micro_batch_size=32 (the old default)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -135,19 +138,24 @@ def child_run(args, variant: str) -> dict:
     import torch
     from lopti_minimal import trainer
     from lopti_minimal.config import make_config
-    mallopt, ckpt = VARIANTS[variant]
+    from lopti_minimal.experiments.study import parse_set
+    threshold, ckpt = VARIANTS[variant]
     torch.set_num_threads(args.threads)
     peaks = {}
+    sets = dict(parse_set(args.set or []))
+    if threshold is not None:
+        sets["mmap_threshold_mb"] = threshold
     with tempfile.TemporaryDirectory() as d, phase_peaks(peaks):
         cfg = make_config(args.preset, model=args.model, steps=args.steps, threads=args.threads,
-                          gradient_checkpointing=ckpt, mmap_threshold_mb=1 if mallopt else 0, eval_every=0, save_every=0, final_eval=True,
+                          gradient_checkpointing=ckpt, **sets, eval_every=0, save_every=0, final_eval=True,
                           eval_sizes=tuple(args.eval_sizes), eval_per_size=args.eval_per_size,
                           run_dir=os.path.join(d, "run"), progress=False, plots=False, tensorboard=False)
         t = time.perf_counter()
         res = trainer.train(cfg, log=lambda s: None)
         seconds = time.perf_counter() - t
     steps = [m["peak_rss_gb"] for m in res["metrics"]]
-    return {"variant": variant, "mallopt": mallopt, "checkpointing": ckpt, "phases": peaks, "seconds_by_step":
+    return {"variant": variant, "mmap_threshold_mb": cfg.mmap_threshold_mb, "checkpointing": ckpt,
+            "micro_batch_size": cfg.micro_batch_size, "phases": peaks, "seconds_by_step":
             [m["step_s"] for m in res["metrics"]],
             "steps": steps, "tokens": [m["tokens"] for m in res["metrics"]],
             "update_s": [m["update_s"] for m in res["metrics"]], "seconds": round(seconds, 1),
@@ -177,8 +185,10 @@ def child_repeat(args) -> dict:
     import torch
     from lopti_minimal import host_memory, models, plumbing, precision, trainer
     from lopti_minimal.config import make_config
+    from lopti_minimal.experiments.study import parse_set
     torch.set_num_threads(args.threads)
-    cfg = make_config(args.preset, model=args.model, threads=args.threads, progress=False)
+    cfg = make_config(args.preset, model=args.model, threads=args.threads, progress=False,
+                      **parse_set(args.set or []))
     if cfg.mmap_threshold_mb:             # as plumbing.Run does at a run's start
         host_memory.limit_heap_growth(cfg.mmap_threshold_mb << 20)
     model, tok = plumbing.load_policy(cfg)

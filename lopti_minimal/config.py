@@ -148,10 +148,13 @@ class TrainConfig:
     # reference ppo_mini_batch_size = 256: one optimizer step per stage whenever prompts x
     # G <= 256 (grpo.py, choice 5)
     mini_batch_size: int = option(256, "responses per optimizer step")
-    # Only memory depends on it under grad_accum="global". Not the reference's: its
-    # ppo_micro_batch_size=32 is split over 4 GPUs, 8 rows per forward on each, so
-    # grad_accum="verl" reproduces the reference's per-micro-batch means only with 8.
-    micro_batch_size: int = option(32, "responses per forward/backward (memory only)")
+    # The reference's per-forward micro-batch: its ppo_micro_batch_size=32 is split over 4
+    # GPUs, 8 rows per forward on each (so grad_accum="verl" reproduces its per-micro-batch
+    # means). Under grad_accum="global" only memory, speed and float rounding depend on it.
+    # On a CPU 8 is also the fastest: the update of a late default step took 8 s at 8 and
+    # 25 s at 32 (the rows sorted by length waste less padding, and each temporary is small
+    # enough to be reused from the heap; benchmarks/memory.py, docs/PERFORMANCE.md).
+    micro_batch_size: int = option(8, "responses per forward/backward (memory only)")
     # "global": the exact token-mean over the mini-batch; "verl": the reference's mean of
     # per-micro-batch means (grpo.grpo_update explains it)
     grad_accum: str = option("global", "how micro-batches are averaged: global (exact) | verl",
@@ -238,13 +241,14 @@ class TrainConfig:
                           choices=DECODERS)
     threads: int | None = option(None, "torch CPU threads (default: all cores)", type=int)
     # Host memory (host_memory.py). glibc keeps freed blocks below its dynamic mmap threshold
-    # (up to 32 MiB) in the heap, where they fragment and the resident set grows; fixed at
-    # 1 MiB, large blocks go back to the kernel on free. Measured on the default run (AMD
-    # EPYC 2-core, benchmarks/memory.py): peak 1.1 GB instead of 2.2 GB over 3 steps, but
-    # every large temporary is then a fresh mmap the kernel zeroes: the update ~1.5x slower.
-    # Bounded memory is the default; 0 = glibc's own behaviour (faster, more memory).
-    mmap_threshold_mb: int = option(1, "glibc malloc: blocks of this many MiB or more are returned "
-                                    "to the kernel on free (bounded memory, slower update; "
+    # (up to 32 MiB) in the heap, where they fragment and the resident set grows; above a
+    # fixed threshold, blocks go back to the kernel on free, but each new one is a fresh
+    # mapping the kernel must fault in and zero. Measured on 3 late default steps and the
+    # 7-person evaluation (AMD EPYC 2-core, benchmarks/memory.py, docs/PERFORMANCE.md):
+    # peak / s per step 1.32 GB / 32 s at 1 MiB, 1.52 / 19 at 4, 1.58 / 18 at 8, 1.59 / 16
+    # with glibc's default (0). 4 is the knee.
+    mmap_threshold_mb: int = option(4, "glibc malloc: blocks of this many MiB or more are returned "
+                                    "to the kernel on free (lower: less memory, slower; "
                                     "0 = glibc's dynamic default)")
 
     # --- the mechanism over training (mechanism.py): per-bin rise / fall shares after every
@@ -259,7 +263,9 @@ class TrainConfig:
                                type=parse_sizes)
     eval_per_size: int = option(100, "puzzles per size (the official sets have 100)")
     eval_max_new_tokens: dict = option(factory=_eval_budget)
-    eval_batch_size: int = option(100, "puzzles per generate call in the evaluation")
+    # Memory only (the KV cache of one batch): 50 kept the default run's evaluation peak at
+    # 1.31 GB where 100 reached 1.52 (benchmarks/memory.py); the GPU presets take 100 or less.
+    eval_batch_size: int = option(50, "puzzles per generate call in the evaluation")
     final_eval: bool = option(True, "skip the final evaluation", flag="--no-eval")
     eval_before: bool = option(False, "also evaluate the initial policy (eval_before.json)")
 

@@ -177,17 +177,24 @@ class LeanDecoder:
         return out.logits[:, -1, :].repeat_interleave(G, 0)
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Keep only these rows (compaction), in place in the buffers."""
+        """Keep only these rows (compaction): each buffer is replaced by a fresh one of
+        len(rows) rows holding their n filled positions. Why not compact in place: the
+        pages of the rows that stopped stay resident, so a long evaluation batch would hold
+        every row's cache until its end; a fresh buffer touches only the pages it copies,
+        and the old one (above the mmap threshold, host_memory.py) goes back to the kernel.
+        One buffer at a time, so the copy adds one layer's K or V at most."""
         b, n, P = len(rows), self.n, self.P
         for buf in self.layers:
             for name in ("k", "v"):
-                x = buf[name]
+                x, new = buf[name], buf[name].new_empty((b,) + buf[name].shape[1:])
                 if self.G:                           # leave the group layout: prompts per row
-                    x[:b, :, P:n] = x[rows, :, P:n]
-                    x[:b, :, :P] = buf.pop(name + "p")[rows // self.G]
+                    new[:, :, P:n] = x[rows, :, P:n]
+                    new[:, :, :P] = buf.pop(name + "p")[rows // self.G]
                 else:
-                    x[:b, :, :n] = x[rows, :, :n]
-                buf[name] = x[:b]
+                    new[:, :, :n] = x[rows, :, :n]
+                buf[name] = new
+                del x
+        self.B = b
         self.mask = self.mask[rows]
         self.G = self.P = None
 

@@ -30,7 +30,7 @@ import resource
 import sys
 
 M_MMAP_THRESHOLD = -3      # glibc's <malloc.h>: the mallopt parameter number
-MMAP_THRESHOLD = 1 << 20   # 1 MiB: blocks this large or larger are mmapped and returned on free
+MMAP_THRESHOLD = 4 << 20   # 4 MiB (TrainConfig.mmap_threshold_mb): mmapped, returned on free
 _GB = 1024 ** 3
 
 
@@ -46,6 +46,24 @@ def limit_heap_growth(threshold: int = MMAP_THRESHOLD) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, int(threshold)) == 1     # mallopt returns 1 on success
+
+
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the kernel (glibc's malloc_trim(0)): the holes
+    that blocks below the mmap threshold leave when they are freed. Called between the
+    phases of a step (precision.free_memory), so that the evaluation or the next sampling
+    does not sit on top of the update's fragmented heap. False where there is no glibc."""
+    libc = _glibc()
+    return bool(libc and libc.malloc_trim(0))
+
+
+def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
 
 
 def _status_kb(field: str) -> int | None:

@@ -32,6 +32,7 @@ import copy
 
 import torch
 
+from . import host_memory
 from .config import TrainError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -126,7 +127,10 @@ def build_optimizer(model, cfg):
 
 
 def free_memory(device) -> None:
-    """Hand cached, now unused blocks back between the rollout and the update (the KV cache
-    of the last chunk), so the update's logits find room; nothing to do on a CPU."""
+    """Hand cached, now unused blocks back between the phases of a step (after each rollout
+    chunk, after the update), so the next phase finds room: CUDA's cached blocks, or on a
+    CPU the free pages of glibc's heap (host_memory.trim_heap)."""
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
+    else:
+        host_memory.trim_heap()

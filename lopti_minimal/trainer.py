@@ -126,6 +126,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
             low = float(split_by_probability(batch.old_logprobs, mask, cfg.low_eta)[0].sum()
                         / mask.sum().clamp_min(1))
         t_update = time.perf_counter() - t1
+        precision.free_memory(device)    # plumbing: the update's freed blocks, before what follows
 
         # plumbing: the mechanism after the update: which tokens rose / fell, per bin
         probe.after(model, batch)

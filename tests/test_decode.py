@@ -306,3 +306,44 @@ def test_buffers_are_freed_on_return(monkeypatch):
         assert refs and all(r() is None for r in refs)
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_compaction_moves_kept_rows_to_smaller_buffers(group_size):
+    """keep() hands the kept rows' filled keys and values to fresh buffers of only those
+    rows (so the pages of rows that stopped can go back to the kernel; in place, they stayed
+    resident), and decoding goes on as if no row had stopped: the kept rows' next logits
+    equal an uncompacted decoder's."""
+    model = tiny_llama()
+    ids, mask = left_pad(PROMPTS, PAD)
+    ids, mask = ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0)
+    B, P = ids.shape
+    pos = position_ids_from_mask(mask)
+    steps = torch.tensor([[20, 21], [22, 23], [24, 25], [26, 27], [28, 29], [30, 31]])[:B]
+
+    def run(compact_to=None):
+        with torch.no_grad():
+            dec = decode.LeanDecoder(model, B, P + 4, None)
+            dec.prefill(ids, mask, pos, "cache", group_size)
+            dec.step(steps[:, 0], pos[:, -1] + 1)
+            rows = torch.arange(B)
+            if compact_to is not None:
+                rows = compact_to
+                dec.keep(rows)
+            return dec, dec.step(steps[rows, 1], pos[rows, -1] + 2)
+
+    keep = torch.tensor([B - 1, 0])
+    full, logits_full = run()
+    small, logits_small = run(keep)
+    n = P + 1                                  # filled before the compaction: prompt, one step
+    for big, buf in zip(full.layers, small.layers):
+        for name in ("k", "v"):
+            x = buf[name]
+            assert x.shape[0] == 2 and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+            prompt = big[name + "p"][keep // group_size] if group_size > 1 else big[name][keep, :, :P]
+            assert torch.equal(x[:, :, :P], prompt)
+            assert torch.equal(x[:, :, P:n], big[name][keep, :, P:n])
+    # per row, the step is the same ops: bit for bit; the uncompacted decoder of groups
+    # attends to the prompt per group (other matmul shapes): float32 rounding
+    tol = dict(rtol=0, atol=0) if group_size == 1 else {}
+    torch.testing.assert_close(logits_small, logits_full[keep], **tol)

@@ -34,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from ..models import adds_bos, kk_prompt
+from ..precision import free_memory
 from ..sampling import decode_responses, sample_groups
 from .kk import load_jsonl
 from .reward import score_response
@@ -136,6 +137,7 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
                 lengths[i] = lens[j * samples:(j + 1) * samples]
                 scores[i] = [score_response(t, recs[i]) for t in texts[i]]
             bar.update(len(chunk))
+            free_memory(device)      # the batch's KV cache: its heap pages back (precision.py)
         flat = [s for ss in scores for s in ss]
         flat_len = [x for ll in lengths for x in ll]
         m = budget(max_new_tokens, n)
