@@ -91,7 +91,8 @@ def main(argv=None) -> int:
             raise ValueError("--temperature must be > 0 for sampled evaluation")
         if a.threads:
             torch.set_num_threads(a.threads)
-        host_memory.limit_heap_growth()     # freed KV caches go back to the kernel (host_memory.py)
+        # freed KV caches go back to the kernel, oneDNN keeps a bounded number of kernels
+        host_memory.bound_process_memory()
         records, tag = load_data(a)
         source, run_cfg = resolve_model_source(a.model)
         model, tok = load_model_and_tokenizer(source, device=a.device)

@@ -17,16 +17,18 @@ preset's eval batches). Around the functions the step calls (sampling `trainer.r
 high-water mark of the resident set is reset before and read after (host_memory.py), so each
 phase's figure is the peak resident memory of the whole process while that phase ran (the
 weights, optimizer state and pi_ref included), the largest over the steps; "s/step" is the
-median step time, since memory returned to the kernel costs time (config.mmap_threshold_mb). "steps" lists the
-peak of each step (metrics.jsonl's `peak_rss_gb`): flat over the run means the last within
-10% of the second.
+median step time, since memory returned to the kernel costs time (config.mmap_threshold_mb).
+"steps" lists the peak of each step (metrics.jsonl's `peak_rss_gb`): flat over the run means
+the last within 10% of the second.
 
-The variants: "shipped" (glibc's mmap threshold fixed at 1 MiB, host_memory.limit_heap_growth;
-gradient checkpointing on: the defaults), "no-mallopt" (--mmap-threshold-mb 0: glibc's
-dynamic threshold),
-"no-checkpointing", and "neither". They run the same floating-point path (checkpointing
-gives the same gradients bit for bit, the mmap threshold only moves bytes), so each samples
-the same tokens: the `tokens` column shows it.
+The variants: "shipped" (the defaults: glibc's mmap threshold fixed at
+config.mmap_threshold_mb, host_memory.limit_heap_growth; gradient checkpointing on),
+"no-mallopt" (--mmap-threshold-mb 0: glibc's dynamic threshold), "no-checkpointing", and
+"neither". They run the same floating-point path (checkpointing gives the same gradients
+bit for bit, the mmap threshold only moves bytes), so each samples the same tokens: the
+`tokens` column shows it. --set KEY=VALUE changes a config field for every variant, e.g.
+`--set mmap_threshold_mb=1` for another threshold or `--set micro_batch_size=32` for the
+old micro-batch.
 
 --repeat K: growth at equal work. A run's steps do different work (its responses lengthen as
 RL selects derivations), so its per-step peaks are not comparable; here one step (the
@@ -168,7 +170,7 @@ def child_side(args, who: str) -> dict:
     import trl_side_by_side as tsbs
     from lopti_minimal import host_memory
     if who == "ours":
-        host_memory.limit_heap_growth()   # as a run of ours does (plumbing.Run); TRL's side as TRL runs
+        host_memory.bound_process_memory()   # as a run of ours does (plumbing.Run); TRL's side as TRL runs
     torch.set_num_threads(args.threads)
     a = tsbs.parse_args(["--preset", args.preset, "--threads", str(args.threads), "--steps", str(args.steps),
                          "--warmup", "0"] + (["--model", args.model] if args.model else []))
@@ -189,8 +191,7 @@ def child_repeat(args) -> dict:
     torch.set_num_threads(args.threads)
     cfg = make_config(args.preset, model=args.model, threads=args.threads, progress=False,
                       **parse_set(args.set or []))
-    if cfg.mmap_threshold_mb:             # as plumbing.Run does at a run's start
-        host_memory.limit_heap_growth(cfg.mmap_threshold_mb << 20)
+    host_memory.bound_process_memory(cfg.mmap_threshold_mb)    # as plumbing.Run does
     model, tok = plumbing.load_policy(cfg)
     ref = precision.reference_copy(model, precision.ref_dtype(cfg)) if cfg.kl_coef else None
     opt = precision.build_optimizer(model, cfg)

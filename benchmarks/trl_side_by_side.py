@@ -278,6 +278,10 @@ def main(argv=None) -> int:
     import transformers
     import trl
     cfg, tok, steps, texts, mb = load_setting(args)
+    # the host-memory settings of a run of ours (host_memory.py), for both sides: one
+    # process, one allocator, so neither side runs under settings the other does not
+    from lopti_minimal import host_memory
+    host_memory.bound_process_memory(cfg.mmap_threshold_mb)
     res = {}
     order = ("trl", "ours") if args.order == "trl-first" else ("ours", "trl")
     for who in order:

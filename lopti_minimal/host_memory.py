@@ -13,6 +13,11 @@ which also turns the dynamic adjustment off) sends every block of 1 MiB or more 
 to mmap and back to the kernel on free. No number changes: only where the allocator puts
 the bytes. Measured (benchmarks/memory.py; docs/PERFORMANCE.md) on the default run.
 
+Two more holders of memory, found on whole runs: the free pages glibc keeps inside its heap
+(below the threshold), which `trim_heap` hands back between the phases of a step; and the
+two caches of compiled oneDNN kernels behind PyTorch's bf16 CPU matmuls, one kernel per
+shape, which `bound_kernel_caches` caps (docs/PERFORMANCE.md measures all three).
+
 `limit_heap_growth` is called once at the start of a run (plumbing.Run) and of an
 evaluation (eval.py). It is glibc only (Linux): elsewhere it does nothing and says so by
 returning False. `peak_rss_gb` / `reset_peak_rss` read and reset the kernel's high-water
@@ -26,11 +31,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import resource
 import sys
 
 M_MMAP_THRESHOLD = -3      # glibc's <malloc.h>: the mallopt parameter number
 MMAP_THRESHOLD = 4 << 20   # 4 MiB (TrainConfig.mmap_threshold_mb): mmapped, returned on free
+KERNEL_CACHE_CAPACITY = 256  # oneDNN kernels kept per cache (bound_kernel_caches)
 _GB = 1024 ** 3
 
 
@@ -46,6 +53,25 @@ def limit_heap_growth(threshold: int = MMAP_THRESHOLD) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, int(threshold)) == 1     # mallopt returns 1 on success
+
+
+def bound_process_memory(mmap_threshold_mb: int = MMAP_THRESHOLD >> 20) -> None:
+    """What a run does at its start (plumbing.Run; eval.py, the benchmarks' "ours" sides):
+    the mmap threshold (0: glibc's dynamic default) and the capped kernel caches."""
+    if mmap_threshold_mb:
+        limit_heap_growth(mmap_threshold_mb << 20)
+    bound_kernel_caches()
+
+
+def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
+    """Cap the two caches of oneDNN kernels that PyTorch keeps on a CPU (the bf16 matmuls
+    under autocast): oneDNN's primitive cache and ideep's, 1,024 entries each by default,
+    one per matmul shape. An RL step meets ~170 shapes (every micro-batch width, every batch
+    size the sampler compacts to), so with the defaults the resident set grows for ~7 steps
+    (~0.5 GB on the default run, measured). Each cache reads its variable when it is first
+    used: call this before the first matmul; a value the user set is kept."""
+    for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(var, str(capacity))
 
 
 def trim_heap() -> bool:

@@ -177,10 +177,10 @@ class Run:
         check_hardware(cfg)                       # before any model is loaded
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        # host memory: large freed blocks go back to the kernel (host_memory.py, the config's
-        # mmap_threshold_mb); the peak resident set is logged per step and per evaluation
-        if cfg.mmap_threshold_mb:
-            host_memory.limit_heap_growth(cfg.mmap_threshold_mb << 20)
+        # host memory (host_memory.py): large freed blocks go back to the kernel (the config's
+        # mmap_threshold_mb), oneDNN's kernel caches are capped; the peak resident set is
+        # logged per step and per evaluation
+        host_memory.bound_process_memory(cfg.mmap_threshold_mb)
         self.dir = Path(cfg.run_dir or runs.default_run_dir(cfg))
         if not resume and self.dir.exists() and any(self.dir.iterdir()):
             raise TrainError(f"run directory {self.dir} exists and is not empty: pass --resume {self.dir} "

@@ -1,5 +1,6 @@
 """host_memory.py: glibc's fixed mmap threshold and malloc_trim return freed blocks to the
 kernel, and the peak resident set can be read and reset per phase (Linux)."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -75,3 +76,40 @@ def test_a_run_sets_the_configured_threshold(monkeypatch, tmp_path, mb, calls):
     monkeypatch.setattr(host_memory, "limit_heap_growth", lambda t: seen.append(t) or True)
     plumbing.Run(make_config("ci", run_dir=str(tmp_path / "run"), mmap_threshold_mb=mb))
     assert seen == calls
+
+
+# bf16 matmuls of many shapes, as an RL step makes them (every micro-batch width): oneDNN
+# keeps a kernel per shape, up to 1,024 per cache by default
+SHAPES = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from lopti_minimal import host_memory
+    if sys.argv[1] == "bound":
+        host_memory.bound_kernel_caches(16)
+    w = torch.randn(256, 688)
+    for n in range(1, 9):            # warm up the allocator and the first kernels
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (torch.randn(n, 256) @ w).float().sum()
+    host_memory.trim_heap()
+    base = host_memory.rss_gb()
+    for n in range(9, 409):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (torch.randn(n, 256) @ w).float().sum()
+    host_memory.trim_heap()
+    print(round((host_memory.rss_gb() - base) * 1024))
+""")
+
+
+def kernel_cache_mb(mode: str) -> int:
+    code = SHAPES.format(root=str(ROOT))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
+                         check=True, env=env)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+@linux
+def test_bounded_kernel_caches_keep_memory_flat_over_many_shapes():
+    unbounded, bounded = kernel_cache_mb("default"), kernel_cache_mb("bound")
+    assert bounded < unbounded / 4, (bounded, unbounded)
