@@ -52,7 +52,7 @@ def test_gpu_preset_code_path_runs_one_step_on_cpu(preset, qwen_dir, tmp_path, e
     real_free = precision.free_memory
     monkeypatch.setattr(precision, "free_memory", lambda d: (freed.append(str(d)), real_free(d)))
     out = trainer.train(cfg)
-    assert freed == ["cpu", "cpu"]                            # after each of the 2 rollout chunks
+    assert freed == ["cpu", "cpu", "cpu"]       # after each of the 2 rollout chunks, after the update
     m = out["metrics"][0]
     # Fresh samples: the first ratio is exactly 1 (pi_old recomputed by the update's forward).
     assert m["ratio_min"] == m["ratio_max"] == 1.0
