@@ -151,9 +151,9 @@ class TrainConfig:
     # The reference's per-forward micro-batch: its ppo_micro_batch_size=32 is split over 4
     # GPUs, 8 rows per forward on each (so grad_accum="verl" reproduces its per-micro-batch
     # means). Under grad_accum="global" only memory, speed and float rounding depend on it.
-    # On a CPU 8 is also the fastest: the update of a late default step took 8 s at 8 and
-    # 25 s at 32 (the rows sorted by length waste less padding, and each temporary is small
-    # enough to be reused from the heap; benchmarks/memory.py, docs/PERFORMANCE.md).
+    # On a CPU 8 is also faster than 32: the rows sorted by length waste less padding, and
+    # each temporary is small enough to be reused from the heap (compare
+    # `benchmarks/memory.py --set micro_batch_size=32`; docs/PERFORMANCE.md).
     micro_batch_size: int = option(8, "responses per forward/backward (memory only)")
     # "global": the exact token-mean over the mini-batch; "verl": the reference's mean of
     # per-micro-batch means (grpo.grpo_update explains it)

@@ -44,12 +44,9 @@ _GB = 1024 ** 3
 def limit_heap_growth(threshold: int = MMAP_THRESHOLD) -> bool:
     """Fix glibc's mmap threshold (see the module docstring). True where it was set
     (glibc), False where there is no glibc (macOS, Windows, musl): nothing else changes."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    libc = _glibc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, int(threshold)) == 1     # mallopt returns 1 on success
@@ -79,8 +76,8 @@ def trim_heap() -> bool:
     that blocks below the mmap threshold leave when they are freed. Called between the
     phases of a step (precision.free_memory), so that the evaluation or the next sampling
     does not sit on top of the update's fragmented heap. False where there is no glibc."""
-    libc = _glibc()
-    return bool(libc and libc.malloc_trim(0))
+    trim = getattr(_glibc(), "malloc_trim", None)      # glibc only (not musl)
+    return bool(trim and trim(0))
 
 
 def _glibc():
