@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from lopti_minimal import host_memory
 from lopti_minimal.cli import HelpFormatter, one_line_error
 
 
@@ -59,6 +60,9 @@ def parse_args(argv=None):
                     help="decode step (TrainConfig.decoder; default: a run's own, else auto)")
     ap.add_argument("--no-bf16", action="store_true",
                     help="decode in the weights' dtype (default: bf16 autocast, the training numerics)")
+    ap.add_argument("--mmap-threshold-mb", type=int, default=host_memory.MMAP_THRESHOLD >> 20,
+                    help="glibc malloc: blocks of this many MiB or more go back to the kernel when "
+                         "freed (TrainConfig.mmap_threshold_mb; 0 = glibc's dynamic default)")
     ap.add_argument("--no-progress", action="store_true")
     ap.error = one_line_error
     return ap.parse_args(argv)
@@ -80,7 +84,6 @@ def load_data(a) -> tuple[list[dict], str]:
 def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
-    from lopti_minimal import host_memory
     from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
     from lopti_minimal.runs import RUNS_ROOT, resolve_model_source
     from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_eval_json
@@ -91,8 +94,10 @@ def main(argv=None) -> int:
             raise ValueError("--temperature must be > 0 for sampled evaluation")
         if a.threads:
             torch.set_num_threads(a.threads)
+        if a.mmap_threshold_mb < 0:
+            raise ValueError(f"--mmap-threshold-mb must be >= 0, got {a.mmap_threshold_mb}")
         # freed KV caches go back to the kernel, oneDNN keeps a bounded number of kernels
-        host_memory.bound_process_memory()
+        host_memory.bound_process_memory(a.mmap_threshold_mb)
         records, tag = load_data(a)
         source, run_cfg = resolve_model_source(a.model)
         model, tok = load_model_and_tokenizer(source, device=a.device)

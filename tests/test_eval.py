@@ -71,11 +71,23 @@ def test_eval_cli_on_a_model_and_a_jsonl(nano_dir, tmp_path, capsys):
     (["--data", "/nonexistent.jsonl"], "cannot read"),
     (["--sizes", "9"], "3..7"),
     (["--samples", "0"], "samples"),
+    (["--mmap-threshold-mb", "-1"], "mmap-threshold"),
 ])
 def test_eval_cli_bad_input(args, words, nano_dir, capsys):
     assert eval_cli.main(["--model", nano_dir, "--no-progress", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err
+
+
+def test_eval_cli_passes_the_mmap_threshold(nano_dir, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(eval_cli.host_memory, "bound_process_memory", seen.append)
+    data = tmp_path / "p.jsonl"
+    kk.save_jsonl(kk.load_official([3])[:1], data)
+    for flag, want in (([], 4), (["--mmap-threshold-mb", "0"], 0)):
+        assert eval_cli.main(["--model", nano_dir, "--data", str(data), "--max-new-tokens", "4",
+                              "--out", str(tmp_path / "r.json"), "--no-progress", *flag]) == 0
+        assert seen[-1] == want
 
 
 def test_eval_cli_bad_model(capsys):
