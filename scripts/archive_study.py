@@ -7,7 +7,9 @@ the per-run scripts (rl_summary.py, phrasing_diversity.py's table) read only the
 files of each run -- run.json, metrics.jsonl, the evaluations, summary.json, phrasing.json --
 so those are what is kept: a run is copied only when it is finished (its eval_final.json
 exists), without its checkpoints (ckpt-*/), its final policy (final/) and its plots (*.png,
-which the report redraws). The preset's warm-start evaluations come along.
+which the report redraws). The preset's warm-start evaluations come along, and so do the
+study's own records: study.json (the warm start's fingerprint, which a continued study
+checks) and study_log.jsonl (each invocation's wall time and machine, for the report).
 
 To continue a study on a fresh machine, copy the archive back and run the same study
 command: the archived runs count as finished and are skipped (study.py's run_status).
@@ -32,7 +34,8 @@ SKIP = ("ckpt-*", "final", "*.png")
 
 
 def archive(study: Path, dest: Path) -> list[Path]:
-    """Copy each finished run (without SKIP) and each preset's top-level .json files.
+    """Copy each finished run (without SKIP), each preset's top-level .json files and the
+    study's study.json and study_log.jsonl.
     Returns the run folders written. Re-running refreshes them (e.g. a new phrasing.json)."""
     written = []
     for run in find_runs(study)[0]:
@@ -41,7 +44,8 @@ def archive(study: Path, dest: Path) -> list[Path]:
             shutil.rmtree(target)
         shutil.copytree(run, target, ignore=shutil.ignore_patterns(*SKIP))
         written.append(target)
-    for f in study.glob("*/*.json"):
+    records = [study / n for n in ("study.json", "study_log.jsonl") if (study / n).exists()]
+    for f in [*study.glob("*/*.json"), *records]:
         (dest / f.relative_to(study)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest / f.relative_to(study))
     return written

@@ -532,6 +532,8 @@ def test_archive_keeps_finished_runs_without_weights(tmp_path):
     (done / "eval_final.json").write_text("{}")
     (done / "training.png").write_bytes(b"png")
     (study / "cpu-tiny" / "warm-start-eval.json").write_text("{}")
+    (study / "study.json").write_text("{}")
+    (study / "study_log.jsonl").write_text("{}\n")
 
     written = arch.archive(study, tmp_path / "archive")
     out = tmp_path / "archive" / "cpu-tiny"
@@ -539,3 +541,5 @@ def test_archive_keeps_finished_runs_without_weights(tmp_path):
     assert sorted(p.name for p in (out / "grpo-s0").iterdir()) == ["eval_final.json", "metrics.jsonl", "run.json"]
     assert not (out / "grpo-s1").exists()
     assert (out / "warm-start-eval.json").exists()
+    assert (tmp_path / "archive" / "study.json").exists()           # the warm start's fingerprint
+    assert (tmp_path / "archive" / "study_log.jsonl").exists()      # wall times and machine
