@@ -436,6 +436,7 @@ def test_cli_report_only_dry_run_and_bad_input(tmp_path, fake_model, capsys):
     rep = tmp_path / "R.md"
     assert S.main(["--report-only", "--out", str(out), "--report", str(rep), "--figures", str(tmp_path / "f")]) == 0
     assert rep.exists() and (out / "study_results.json").exists()
+    assert f"--out {out} --report-only --report {rep}" in rep.read_text()     # its own command
     assert S.main(["--dry-run", "--preset", "ci", "--out", str(out), "--model", fake_model, "--steps", "3",
                    "--seeds", "3", "--only", "grpo,ar", "--grid", "main", "--step-seconds", "2", "--eval-seconds", "10"]) == 0
     o = capsys.readouterr().out

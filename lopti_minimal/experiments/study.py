@@ -515,7 +515,9 @@ def main(argv=None) -> int:
             res = aggregate(out, a.window)
             out.mkdir(parents=True, exist_ok=True)
             _write_json(out / "study_results.json", res)
-            print(f"[study] report: {write_report(res, _abs(a.report), _abs(a.figures))} "
+            again = (f"python -m lopti_minimal.experiments.study --out {a.out} --report-only "
+                     f"--report {a.report} --figures {a.figures}")
+            print(f"[study] report: {write_report(res, _abs(a.report), _abs(a.figures), regenerate=again)} "
                   f"(aggregate: {out / 'study_results.json'})")
     except (StudyError, TrainError) as e:
         print(f"error: {e}", file=sys.stderr)
