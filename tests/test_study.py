@@ -401,7 +401,7 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
     out = tmp_path / "study"
     rpp, rpp_arl = G.GRIDS["reinforce_pp"][1:]
     assert G.GRID_PAIRS["reinforce_pp"] == ((rpp_arl, rpp),)
-    assert G.GRID_PAIRS["control"] == ((G.Variant("lopti", eta=0.4), G.GRPO_X2),)
+    assert G.GRID_PAIRS["control"] == ((G.Variant("lopti", eta=0.4), G.GRPO_X2), (G.AR_LOPTI, G.GRPO_X2))
     assert rpp.label == "REINFORCE++" and rpp_arl.label == "REINFORCE++ +AR+Lopti (α=0.3, η=0.5)"
     for v, accs in {G.GRPO: [.2, .3, .4], rpp: [.3, .3, .3], rpp_arl: [.4, .5, .3]}.items():
         for seed, a in enumerate(accs):

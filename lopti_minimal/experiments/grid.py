@@ -150,7 +150,9 @@ GRIDS: dict[str, tuple[Variant, ...]] = {
 # GRPO with as many optimizer steps (the control's question), and REINFORCE++ +AR+Lopti
 # against REINFORCE++ (the paper's question for its second estimator).
 GRID_PAIRS: dict[str, tuple[tuple[Variant, Variant], ...]] = {
-    "control": ((LOPTI, GRPO_X2),),
+    # Lopti and AR+Lopti against GRPO with as many optimizer steps: what is left of each
+    # once the second step is matched (AR+Lopti's runs are the main grid's)
+    "control": ((LOPTI, GRPO_X2), (AR_LOPTI, GRPO_X2)),
     "reinforce_pp": ((RPP_AR_LOPTI, RPP),),
     # each later method against AR+Lopti (the paper's best) and against the control (GRPO
     # with as many optimizer steps)
