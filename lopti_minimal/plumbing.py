@@ -371,6 +371,8 @@ def step_metrics(cfg: TrainConfig, step: int, rewards: torch.Tensor, texts: list
         # guess. From the shipped warm start RL should raise it (the selection it makes).
         "derive_share": derive_share(texts),
         "response_len": float(mask.sum(1).mean()),
+        # the longest response: with the rows it sizes the KV cache and the widest micro-batch
+        "max_len": int(mask.sum(1).max()),
         "truncated": float((mask.sum(1) >= cfg.max_new_tokens).float().mean()),
         "kl": kl,
         "clip_frac": sum(s * st["clip_frac"] for s, st in zip(shares, stages)),

@@ -113,3 +113,29 @@ def kernel_cache_mb(mode: str) -> int:
 def test_bounded_kernel_caches_keep_memory_flat_over_many_shapes():
     unbounded, bounded = kernel_cache_mb("default"), kernel_cache_mb("bound")
     assert bounded < unbounded / 4, (bounded, unbounded)
+
+
+def test_peak_memory_by_step_separates_creep_from_work(tmp_path):
+    """scripts/peak_memory_by_step.py: a peak that follows the tokens alone fits no creep per
+    step; one that also grows by 0.05 GB a step at equal work fits 0.5 GB per 10 steps."""
+    import json
+    from conftest import load_script
+    script = load_script("scripts/peak_memory_by_step.py")
+    rng = torch.Generator().manual_seed(0)
+    for creep, want in ((0.0, 0.0), (0.05, 0.5)):
+        points = []
+        for run in range(3):
+            for step in range(1, 21):
+                tokens = int(torch.randint(4000, 20000, (1,), generator=rng))
+                points.append({"step": step, "tokens": tokens, "max_len": None,
+                               "peak": 0.7 + 0.3 * tokens / 1e4 + creep * step})
+        names, coef, se = script.fit(points)
+        assert names[-1] == "GB per 10 steps at equal work" and len(coef) == 3
+        assert abs(coef[-1] - want) < 1e-6 and abs(coef[1] - 0.3) < 1e-6
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(
+        {"step": s, "tokens": 1000 * (s * 7 % 5 + 1), "max_len": 10 * (s % 4) + s % 3, "peak_rss_gb": 1.0 + 0.01 * s})
+        for s in range(1, 9)))
+    assert script.main([str(tmp_path)]) == 0            # a folder holding runs; max_len used
+    assert script.fit(script.steps_of(run))[0][2] == "GB per 100 tokens of the longest response"

@@ -38,6 +38,8 @@ def test_ci_preset_end_to_end(nano_dir, tmp_path):
     # the host's peak resident memory per step and for the run (host_memory.py): a plausible size
     assert all(0.1 < json.loads(l)["peak_rss_gb"] < 8 for l in lines)
     assert 0.1 < json.loads((run / "summary.json").read_text())["peak_rss_gb_this_session"] < 8
+    # the longest response of the step: at least the mean, at most the budget
+    assert all(json.loads(l)["response_len"] <= json.loads(l)["max_len"] <= 48 for l in lines)
     assert "step    1/2 | reward" in p.stdout and "Done. Everything is in" in p.stdout
     # Resume of a finished run with more steps extends it.
     p, _ = run_cli("--resume", str(run), "--steps", "3")
