@@ -544,3 +544,13 @@ def test_archive_keeps_finished_runs_without_weights(tmp_path):
     assert (out / "warm-start-eval.json").exists()
     assert (tmp_path / "archive" / "study.json").exists()           # the warm start's fingerprint
     assert (tmp_path / "archive" / "study_log.jsonl").exists()      # wall times and machine
+
+
+def test_report_names_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
+    """A study run with an absolute --out is reported with the path relative to the current
+    folder; a path outside it stays as it was (nothing shorter is true)."""
+    monkeypatch.chdir(tmp_path)
+    assert R._portable(str(tmp_path / "runs" / "study")) == os.path.join("runs", "study")
+    assert R._portable("--jobs") == "--jobs"
+    outside = str(tmp_path.parent / "elsewhere")
+    assert R._portable(outside) == outside

@@ -302,6 +302,15 @@ PROTOCOL = [
 ]
 
 
+def _portable(arg: str) -> str:
+    """An absolute path of this machine's current folder, as a path relative to it (the
+    report names no machine's paths); any other argument as it is."""
+    if os.path.isabs(arg):
+        rel = os.path.relpath(arg)
+        return arg if rel.startswith("..") else rel
+    return arg
+
+
 def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: str | None = None) -> str:
     """docs/RESULTS.md (or ``path``) from the aggregated results; figures into
     ``figures_dir``, linked relative to the report. The hand-written block is kept.
@@ -417,7 +426,8 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
             m = json.loads(m)
             L.append(f"- Machine: {m['cpu']}, {m['cores']} cores" + (f", GPU {m['gpu']}" if m.get("gpu") else "")
                      + f"; Python {m['python']}, torch {m['torch']}.")
-        cmds = dict.fromkeys(" ".join(["python -m lopti_minimal.experiments.study", *(i.get("argv") or [])]) for i in inv)
+        cmds = dict.fromkeys(" ".join(["python -m lopti_minimal.experiments.study", *map(_portable, i.get("argv") or [])])
+                             for i in inv)
         L.append("- Commands: " + "; ".join(f"`{c}`" for c in cmds))
         par = sorted({(i.get("jobs"), i.get("threads") or 0) for i in inv})
         L.append("- Parallelism (runs at once, torch threads per run; 0 = torch's default): "
