@@ -506,7 +506,7 @@ def test_interrupt_in_parallel_drops_the_queued_runs(tmp_path, fake_model):
         S.run_study(specs, out, {"model": fake_model}, train_fn=fake_train, jobs=2, threads=1,
                     progress=False, echo=lambda s: None)
     started = [p for p in (out / "ci").iterdir() if (p / "calls.txt").exists()]
-    assert 1 <= len(started) <= 8            # 2 in flight + the pool's few queued calls, not 20
+    assert 1 <= len(started) <= 2            # the 2 in flight, nothing queued, not 20
     assert json.loads((out / "study_log.jsonl").read_text())["ran"] == 0
 
 

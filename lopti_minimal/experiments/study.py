@@ -350,22 +350,37 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
                 bar.update(1)
         else:
             import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+            queue = iter(todo)
             with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-                futs = [pool.submit(_execute_in_worker, config_to_json(cfg), status, train_fn, heldout)
-                        for _, cfg, status in todo]
+                def submit_next(running: set) -> None:
+                    # One run per free worker, submitted when it frees: the pool forwards
+                    # submitted calls to its workers ahead of time, and a forwarded call
+                    # can no longer be cancelled, so nothing is submitted early.
+                    item = next(queue, None)
+                    if item is not None:
+                        _, cfg, status = item
+                        running.add(pool.submit(_execute_in_worker, config_to_json(cfg), status, train_fn,
+                                                heldout))
+                running: set = set()
+                for _ in range(jobs):
+                    submit_next(running)
                 try:
-                    for f in as_completed(futs):
-                        r = f.result()
-                        results.append(r)
-                        if not r["ok"]:
-                            echo(f"[study] FAILED {r['run_dir']}: {r['error']}")
-                        bar.set_postfix_str(Path(r["run_dir"]).name)
-                        bar.update(1)
+                    while running:
+                        finished, running = wait(running, return_when=FIRST_COMPLETED)
+                        for f in finished:
+                            r = f.result()
+                            results.append(r)
+                            if not r["ok"]:
+                                echo(f"[study] FAILED {r['run_dir']}: {r['error']}")
+                            bar.set_postfix_str(Path(r["run_dir"]).name)
+                            bar.update(1)
+                            submit_next(running)
                 except KeyboardInterrupt:
-                    # Leaving the `with` would run every queued run first: drop the ones not
-                    # started. Runs in flight stop with the interrupt when it reaches their
-                    # process too (Ctrl-C in a terminal does) and resume next time.
+                    # No run is queued (see submit_next): leaving the `with` waits for the runs
+                    # in flight, which stop with the interrupt when it reaches their process too
+                    # (Ctrl-C in a terminal does; a `kill` of this process alone lets them
+                    # finish) and resume next time.
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
     finally:
