@@ -31,7 +31,7 @@ import argparse
 import dataclasses
 from dataclasses import asdict, dataclass
 
-from . import cli
+from . import cli, host_memory
 from .cli import option
 
 # Beyond the paper: later methods acting on the same tokens differently, each a per-token
@@ -247,7 +247,7 @@ class TrainConfig:
     # 7-person evaluation (AMD EPYC 2-core, benchmarks/memory.py, docs/PERFORMANCE.md):
     # peak / s per step 1.32 GB / 32 s at 1 MiB, 1.52 / 19 at 4, 1.58 / 18 at 8, 1.59 / 16
     # with glibc's default (0). 4 is the knee.
-    mmap_threshold_mb: int = option(4, "glibc malloc: blocks of this many MiB or more are returned "
+    mmap_threshold_mb: int = option(host_memory.MMAP_THRESHOLD >> 20, "glibc malloc: blocks of this many MiB or more are returned "
                                     "to the kernel on free (lower: less memory, slower; "
                                     "0 = glibc's dynamic default)")
 

@@ -354,7 +354,8 @@ def step_metrics(cfg: TrainConfig, step: int, rewards: torch.Tensor, texts: list
     grpo_update's metrics, one per Lopti stage in the order they ran), the mechanism
     (``probe``), the times."""
     mask = batch.response_mask
-    n_tok = float(mask.sum())
+    lengths = mask.sum(1)                          # response tokens per row
+    n_tok = float(lengths.sum())
     # KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
     kl = (float((kl_k3(batch.old_logprobs, batch.ref_logprobs, cfg.kl_log_ratio_clamp) * mask).sum()
                 / max(n_tok, 1)) if batch.ref_logprobs is not None else 0.0)
@@ -370,10 +371,10 @@ def step_metrics(cfg: TrainConfig, step: int, rewards: torch.Tensor, texts: list
         # The behaviour of the samples (behaviours.py): the share that derive rather than
         # guess. From the shipped warm start RL should raise it (the selection it makes).
         "derive_share": derive_share(texts),
-        "response_len": float(mask.sum(1).mean()),
+        "response_len": float(lengths.mean()),
         # the longest response: with the rows it sizes the KV cache and the widest micro-batch
-        "max_len": int(mask.sum(1).max()),
-        "truncated": float((mask.sum(1) >= cfg.max_new_tokens).float().mean()),
+        "max_len": int(lengths.max()),
+        "truncated": float((lengths >= cfg.max_new_tokens).float().mean()),
         "kl": kl,
         "clip_frac": sum(s * st["clip_frac"] for s, st in zip(shares, stages)),
         "grad_norm": float(np.mean([st["grad_norm"] for st in stages if st["n_steps"]] or [0.0])),

@@ -14,9 +14,9 @@ least-squares fit over all steps of all runs given:
     peak_gb = a + b * (tokens / 10,000) [+ d * (max_len / 100)] + c * (step / 10)
 
 (max_len, the step's longest response, where every run logs it: it sizes the KV cache and
-the widest micro-batch, so it is work too). c is what the peak does over 10 steps *at equal work*: memory that creeps (held across
-steps: a growing cache, fragmentation) shows as c > 0; a peak that only follows the work as
-c ~ 0. Printed: per run the peaks at step 2 and at the last step with their tokens, then the
+the widest micro-batch, so it is work too). c is what the peak does over 10 steps *at equal
+work*: memory that creeps (held across steps: a growing cache, fragmentation) shows as
+c > 0; a peak that only follows the work as c ~ 0. Printed: per run the peaks at step 2 and at the last step with their tokens, then the
 fit with 95% intervals (ordinary least squares, normal approximation).
 """
 from __future__ import annotations
@@ -65,13 +65,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("paths", type=Path, nargs="+", help="run folders, or folders holding runs")
     a = ap.parse_args(argv)
-    runs = run_dirs(a.paths)
-    points = []
+    runs, points = [], []
     print("run | step 2: GB, tokens | last step: GB, tokens | last / step 2")
-    for run in runs:
+    for run in run_dirs(a.paths):
         s = steps_of(run)
         if len(s) < 2:
             continue
+        runs.append(run)
         second, last = s[1], s[-1]
         print(f"{run.name} | {second['peak']:.3f}, {second['tokens']} | {last['peak']:.3f}, {last['tokens']} "
               f"(step {last['step']}) | {last['peak'] / second['peak']:.2f}")
