@@ -22,7 +22,7 @@ median step time, since memory returned to the kernel costs time (config.mmap_th
 the last within 10% of the second.
 
 The variants: "shipped" (the defaults: glibc's mmap threshold fixed at
-config.mmap_threshold_mb, host_memory.limit_heap_growth; gradient checkpointing on),
+config.mmap_threshold_mb, host_memory.bound_process_memory; gradient checkpointing on),
 "no-mallopt" (--mmap-threshold-mb 0: glibc's dynamic threshold), "no-checkpointing", and
 "neither". They run the same floating-point path (checkpointing gives the same gradients
 bit for bit, the mmap threshold only moves bytes), so each samples the same tokens: the
@@ -40,8 +40,8 @@ with a trained policy (e.g. a default run's `final/`) for the long responses of 
 --trl: GRPO by TRL's GRPOTrainer in its own process on the first --steps steps' prompts of the
 same preset (benchmarks/trl_side_by_side.py's setting: same model, prompts, G, lengths,
 micro-batches, bf16 autocast, checkpointing as the preset), and ours on the same steps in
-another (`trl_side_by_side.run_ours`, no evaluation): the whole process's peak (model
-loading included) of each. Machine and date are printed with the figures (--json writes them).
+another (`trl_side_by_side.run_ours`, no evaluation, the shipped defaults: --set does not
+reach this comparison): the whole process's peak (model loading included) of each. Machine and date are printed with the figures (--json writes them).
 """
 from __future__ import annotations
 

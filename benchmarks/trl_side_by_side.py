@@ -1,15 +1,12 @@
 """Seconds per GRPO step: ours against TRL's GRPOTrainer, same model, same work, one run.
 A printed figure, not a test.
 
-TRL is NOT a dependency of the project: install it into a separate environment from its
-own requirements file (the main venv stays untouched):
+TRL is not a dependency of the package: it is an optional extra, pinned in the repository
+root's requirements-trl.txt (the version the TRL subclass and its tests use):
 
-    python3 -m venv /work/venv-trl
-    /work/venv-trl/bin/pip install torch==2.13.0        # the CPU build, as in the main venv
-    /work/venv-trl/bin/pip install -r requirements.txt -r benchmarks/requirements-trl.txt
-    /work/venv-trl/bin/python benchmarks/trl_side_by_side.py --threads 2
-    /work/venv-trl/bin/python benchmarks/trl_side_by_side.py --threads 2 \\
-        --preset smollm2-cpu --model models/smollm2-135m-instruct
+    pip install -r requirements.txt -r requirements-trl.txt
+    python benchmarks/trl_side_by_side.py --threads 2
+    python benchmarks/trl_side_by_side.py --threads 2 --preset smollm2-cpu --steps 2
 
 Both trainers run in this one process, with the same torch, the same thread count, one
 after the other (TRL first, then ours; --order ours-first swaps them), and are given:
