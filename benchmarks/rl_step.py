@@ -310,7 +310,7 @@ def part_update(S: Setup, args) -> dict:
            "update_over_bare_opt": med["grpo_update"] / med["bare fwd+bwd+AdamW"],
            "lopti_over_grpo_update": med["lopti_update (AR)"] / med["grpo_update"],
            "update_resp_tok_s": n_resp / med["grpo_update"]}
-    print(f"\n[update] {B} rows x {L} positions (prompt {batch['prompt_len']}), {n_resp} response "
+    print(f"\n[update] {B} rows x {L} positions (prompt {batch.prompt_len}), {n_resp} response "
           f"tokens, micro-batch {cfg.micro_batch_size}, autocast bf16 {cfg.autocast_bf16 and S.device.type == 'cpu'}, "
           f"median of {args.repeats}")
     print(f"{'':22}{'seconds':>9}{'resp tok/s':>12}")

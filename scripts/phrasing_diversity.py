@@ -21,7 +21,8 @@ The token bins of the same samples (token_bins.measure) come along.
 With --study: the warm start and every finished run (its final policy) of a study folder,
 each written to RUN/phrasing.json (skipped when there); then per method: the mean
 normalised entropy (mean and 95% t interval over seeds), the paired difference from GRPO,
-and across all runs the correlation of the mean entropy with held-out accuracy.
+and the correlation of the mean entropy with held-out accuracy across all runs and within
+methods (each run's values minus its method's means: seed-to-seed, not arm-to-arm).
 """
 from __future__ import annotations
 
@@ -82,7 +83,6 @@ def format_one(res: dict) -> str:
 
 def study_table(out: Path, prompts: int, group_size: int, seed: int, log=print) -> dict:
     """Measure the warm start and every finished run of a study folder; per-method table."""
-    import numpy as np
     from lopti_minimal.experiments.grid import GRPO, HELDOUT_FILE, Variant
     from lopti_minimal.experiments.aggregate import find_runs
     from lopti_minimal.experiments.stats import mean_ci, paired_diff
@@ -117,10 +117,22 @@ def study_table(out: Path, prompts: int, group_size: int, seed: int, log=print) 
         table[v.label] = {"n": len(ent), "entropy": mean_ci(ent.values()),
                           "below_0.5": mean_ci(r["below_0.5"] for r in by_seed.values()),
                           "vs_grpo": paired_diff(ent, base) if v != GRPO and len(set(ent) & set(base)) > 1 else None}
-    pairs = [(r["entropy"], r["heldout"]) for by_seed in rows.values() for r in by_seed.values()
-             if r["entropy"] is not None and r["heldout"] is not None]
-    corr = float(np.corrcoef(*zip(*pairs))[0, 1]) if len(pairs) > 2 else None
-    return {"warm_start": warm, "methods": table, "corr_entropy_heldout": corr, "n_runs": len(pairs)}
+    groups = [[(r["entropy"], r["heldout"]) for r in by_seed.values()
+               if r["entropy"] is not None and r["heldout"] is not None] for by_seed in rows.values()]
+    return {"warm_start": warm, "methods": table, **correlations(groups)}
+
+
+def correlations(groups: list[list[tuple[float, float]]]) -> dict:
+    """Pearson r of (entropy, held-out accuracy) pairs, one group per method: over all runs,
+    and within methods (each run's values minus its method's means), so that a method that
+    lowers both -- a difference between arms -- does not make the second correlation."""
+    import numpy as np
+    pairs = [p for g in groups for p in g]
+    within = [(e - me, h - mh) for g in groups if len(g) > 1
+              for me, mh in [np.mean(g, axis=0)] for e, h in g]
+    r = lambda ps: float(np.corrcoef(*zip(*ps))[0, 1]) if len(ps) > 2 else None  # noqa: E731
+    return {"corr_entropy_heldout": r(pairs), "n_runs": len(pairs),
+            "corr_within_methods": r(within), "n_within": len(within)}
 
 
 def format_study(t: dict) -> str:
@@ -137,6 +149,9 @@ def format_study(t: dict) -> str:
     if t["corr_entropy_heldout"] is not None:
         lines += ["", f"Correlation of a run's choice entropy with its held-out accuracy, over "
                       f"{t['n_runs']} runs: r = {t['corr_entropy_heldout']:+.2f}"]
+    if t.get("corr_within_methods") is not None:
+        lines += [f"Within methods (each run minus its method's means), over {t['n_within']} runs: "
+                  f"r = {t['corr_within_methods']:+.2f}"]
     return "\n".join(lines)
 
 

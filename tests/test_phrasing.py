@@ -210,3 +210,16 @@ def test_phrasing_diversity_entropy():
     assert d["derivations"] == 30 and 0.9 < d["mean"] <= 1.0        # uniform draws, as taught
     same = [behaviours.derive_response(r, random.Random(1), tails=True) for r in recs[:1]] * 5
     assert pd.diversity(same)["mean"] < d["mean"]
+
+
+def test_phrasing_correlation_within_methods_removes_the_arms_difference():
+    pd = load_script("scripts/phrasing_diversity.py")
+    # Method A: high entropy and accuracy; method B: low both. Within each, the relation is
+    # reversed: across runs r > 0 (the arms), within methods r = -1 (the seeds).
+    a = [(0.99, 0.50), (0.98, 0.52), (0.97, 0.54)]
+    b = [(0.90, 0.30), (0.89, 0.32), (0.88, 0.34)]
+    c = pd.correlations([a, b, [(0.95, 0.4)]])          # a one-run method adds no within pair
+    assert c["n_runs"] == 7 and c["n_within"] == 6
+    assert c["corr_entropy_heldout"] > 0.9
+    assert c["corr_within_methods"] == pytest.approx(-1.0)
+    assert pd.correlations([a[:1]])["corr_entropy_heldout"] is None
