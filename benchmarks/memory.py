@@ -41,7 +41,8 @@ with a trained policy (e.g. a default run's `final/`) for the long responses of 
 same preset (benchmarks/trl_side_by_side.py's setting: same model, prompts, G, lengths,
 micro-batches, bf16 autocast, checkpointing as the preset), and ours on the same steps in
 another (`trl_side_by_side.run_ours`, no evaluation, the shipped defaults: --set does not
-reach this comparison): the whole process's peak (model loading included) of each. Machine and date are printed with the figures (--json writes them).
+reach this comparison): the whole process's peak (model loading included) of each. Machine
+and date are printed with the figures (--json writes them).
 """
 from __future__ import annotations
 

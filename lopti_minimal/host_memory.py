@@ -20,7 +20,8 @@ shape, which `bound_kernel_caches` caps (docs/PERFORMANCE.md measures all three)
 
 `bound_process_memory` (the threshold and the cap) is called once at the start of a run
 (plumbing.Run) and of an evaluation (eval.py). The glibc parts (`limit_heap_growth`,
-`trim_heap`) do nothing elsewhere (macOS, Windows, musl) and say so by returning False. `peak_rss_gb` / `reset_peak_rss` read and reset the kernel's high-water
+`trim_heap`) do nothing elsewhere (macOS, Windows, musl) and say so by returning False.
+`peak_rss_gb` / `reset_peak_rss` read and reset the kernel's high-water
 mark of the resident set (Linux: VmHWM in /proc/self/status, reset by writing 5 to
 /proc/self/clear_refs), so a run can log the peak of each step and of each evaluation.
 The reset also resets what getrusage and `/usr/bin/time -v` report as the maximum resident

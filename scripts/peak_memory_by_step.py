@@ -16,8 +16,9 @@ least-squares fit over all steps of all runs given:
 (max_len, the step's longest response, where every run logs it: it sizes the KV cache and
 the widest micro-batch, so it is work too). c is what the peak does over 10 steps *at equal
 work*: memory that creeps (held across steps: a growing cache, fragmentation) shows as
-c > 0; a peak that only follows the work as c ~ 0. Printed: per run the peaks at step 2 and at the last step with their tokens, then the
-fit with 95% intervals (ordinary least squares, normal approximation).
+c > 0; a peak that only follows the work as c ~ 0. Printed: per run the peaks at step 2
+and at the last step with their tokens, then the fit with 95% intervals (ordinary least
+squares, normal approximation).
 """
 from __future__ import annotations
 

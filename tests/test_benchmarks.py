@@ -1,9 +1,8 @@
 """The benchmarks run end to end, in miniature.
 
 benchmarks/ prints figures (docs/PERFORMANCE.md); no test times anything. But a benchmark
-that no test runs breaks silently when the code it calls changes (a Rollout that became a
-dataclass once broke rl_step.py's update part, found only an hour into benchmarks/all.sh).
-So each script runs here as a user runs it, in its own process, on the shipped tiny model
+that no test runs breaks silently when the code it calls changes (rl_step.py's update part
+once indexed the rollout as a dict after it had become a dataclass). So each script runs here as a user runs it, in its own process, on the shipped tiny model
 with 2 prompts x G = 2 and a handful of new tokens, and the test checks the JSON it writes
 holds the figures docs/PERFORMANCE.md quotes.
 """
