@@ -15,7 +15,7 @@ from lopti_minimal.config import TOKEN_FIXES, TrainConfig, TrainError, make_conf
 from lopti_minimal.grpo import batch_logprobs, group_advantages, grpo_update, policy_loss
 from lopti_minimal.sampling import sample_groups
 
-from conftest import BOS, EOS, PAD, tiny_llama, update_batch
+from conftest import BOS, EOS, PAD, load_script, tiny_llama, update_batch
 
 LOG = math.log
 
@@ -212,6 +212,27 @@ def test_entropy_top_trains_mostly_on_low_probability_tokens():
     ours = mechanism.gradient_sq_shares(model, b, cfg, fix)
     assert ours[0] + ours[1] > grpo[0] + grpo[1]
 
+
+
+def test_entropy_selection_script_by_hand():
+    """scripts/entropy_selection.py's bookkeeping: the first response token is the decision,
+    the rest split by behaviour; shares kept per kind and per pi_old bin."""
+    es = load_script("scripts/entropy_selection.py")
+    valid = torch.tensor([[1., 1., 1., 0.], [1., 1., 1., 1.]])
+    kinds = es.classify(valid, torch.tensor([False, True]))       # row 0 a guess, row 1 derives
+    assert kinds["decision"].tolist() == [[1, 0, 0, 0], [1, 0, 0, 0]]
+    assert kinds["guess_rest"].tolist() == [[0, 1, 1, 0], [0, 0, 0, 0]]
+    assert kinds["derive_rest"].tolist() == [[0, 0, 0, 0], [0, 1, 1, 1]]
+    entropy = torch.tensor([[0.5, 0.7, 0.0, 0.0], [0.4, 1.1, 1.1, 0.0]])
+    kept = TF.high_entropy_mask(entropy, valid, 0.45)     # tau = 0.56, the .55-quantile of 7
+    assert kept.tolist() == [[0, 1, 0, 0], [0, 1, 1, 0]]
+    p_old = torch.tensor([[0.6, 0.5, 1.0, 0.0], [0.7, 0.3, 0.3, 1.0]])
+    res = es.summarise(entropy, kept, p_old, kinds)
+    assert res["tokens"] == 7 and res["kept_share"] == pytest.approx(3 / 7)
+    assert res["decision"] == {"tokens": 2, "entropy": pytest.approx(0.45), "kept": 0.0}
+    assert res["guess_rest"]["kept"] == 0.5 and res["derive_rest"]["kept"] == pytest.approx(2 / 3)
+    assert res["bins_of_kept"] == pytest.approx([0, 2 / 3, 1 / 3, 0])     # 0.3, 0.3 | 0.5
+    assert res["kept_per_bin"] == pytest.approx([None, 1.0, 1 / 3, 0.0])
 
 class Recorder(torch.optim.SGD):
     def __init__(self, params, lr):

@@ -264,6 +264,22 @@ def test_shipped_warm_start_samples_tokens_of_every_probability():
     assert 0.05 <= res["derive_share"] <= 0.5, res
 
 
+
+def test_the_80_20_rule_never_trains_the_shipped_warm_starts_decision_token():
+    """Why the entropy_top arm does not select derivations (docs/TOKEN_FIXES.md): the first
+    response token decides guess or derive, a two-way choice of at most ln 2 nats (0.5 at
+    the warm start's 23% derivations), while the batch's 80th entropy percentile sits at or
+    above ln 2, set by the three-way phrasing choices and the guesses' random roles. So at
+    rho = 0.2 no row keeps it; the 70th percentile (rho = 0.3) is already among the
+    near-certain tokens, below every row's decision entropy. scripts/entropy_selection.py's measurement, on one batch of 4 x 8."""
+    es = load_script("scripts/entropy_selection.py")
+    model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
+    (b,) = es.measure(model, tok, steps=1, prompts=4, top=0.2)
+    assert b["decision"]["kept"] == 0.0 and max(b["decision_entropies"]) < b["tau"], b
+    assert b["tau"] > 0.6 and 0.15 <= b["kept_share"] <= 0.25, b
+    assert b["bins_of_kept"][1] > 0.8                     # the kept tokens: pi_old in [.25, .5)
+    assert b["tau_by_top"][0.3] < min(b["decision_entropies"]), b
+
 def _recipe_runs(runs):
     """The WarmStartConfig of each command line of a recipe, with its --init."""
     from lopti_minimal.cli import given
