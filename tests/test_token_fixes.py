@@ -214,10 +214,10 @@ def test_entropy_top_trains_mostly_on_low_probability_tokens():
 
 
 
-def test_entropy_selection_script_by_hand():
-    """scripts/entropy_selection.py's bookkeeping: the first response token is the decision,
-    the rest split by behaviour; shares kept per kind and per pi_old bin."""
-    es = load_script("scripts/entropy_selection.py")
+def test_token_selection_script_by_hand():
+    """scripts/token_selection.py's bookkeeping: the first response token is the decision,
+    the rest split by behaviour; shares kept per kind, per pi_old bin, with A < 0; pooling."""
+    es = load_script("scripts/token_selection.py")
     valid = torch.tensor([[1., 1., 1., 0.], [1., 1., 1., 1.]])
     kinds = es.classify(valid, torch.tensor([False, True]))       # row 0 a guess, row 1 derives
     assert kinds["decision"].tolist() == [[1, 0, 0, 0], [1, 0, 0, 0]]
@@ -227,12 +227,18 @@ def test_entropy_selection_script_by_hand():
     kept = TF.high_entropy_mask(entropy, valid, 0.45)     # tau = 0.56, the .55-quantile of 7
     assert kept.tolist() == [[0, 1, 0, 0], [0, 1, 1, 0]]
     p_old = torch.tensor([[0.6, 0.5, 1.0, 0.0], [0.7, 0.3, 0.3, 1.0]])
-    res = es.summarise(entropy, kept, p_old, kinds)
+    adv = torch.tensor([[-1., -1., -1., 0.], [2., 2., 2., 2.]])
+    res = es.summarise(entropy, kept, p_old, kinds, adv)
     assert res["tokens"] == 7 and res["kept_share"] == pytest.approx(3 / 7)
     assert res["decision"] == {"tokens": 2, "entropy": pytest.approx(0.45), "kept": 0.0}
     assert res["guess_rest"]["kept"] == 0.5 and res["derive_rest"]["kept"] == pytest.approx(2 / 3)
     assert res["bins_of_kept"] == pytest.approx([0, 2 / 3, 1 / 3, 0])     # 0.3, 0.3 | 0.5
     assert res["kept_per_bin"] == pytest.approx([None, 1.0, 1 / 3, 0.0])
+    assert res["kept_negative_adv"] == pytest.approx(1 / 3)                  # the guess's 0.7
+    both = es.pool([res, res])                    # pooling a batch with itself changes no share
+    assert both["tokens"] == 14 and both["kept_share"] == pytest.approx(res["kept_share"])
+    assert both["bins_of_kept"] == pytest.approx(res["bins_of_kept"])
+    assert both["derive_rest"]["kept"] == pytest.approx(2 / 3)
 
 class Recorder(torch.optim.SGD):
     def __init__(self, params, lr):

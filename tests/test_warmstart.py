@@ -271,8 +271,9 @@ def test_the_80_20_rule_never_trains_the_shipped_warm_starts_decision_token():
     the warm start's 23% derivations), while the batch's 80th entropy percentile sits at or
     above ln 2, set by the three-way phrasing choices and the guesses' random roles. So at
     rho = 0.2 no row keeps it; the 70th percentile (rho = 0.3) is already among the
-    near-certain tokens, below every row's decision entropy. scripts/entropy_selection.py's measurement, on one batch of 4 x 8."""
-    es = load_script("scripts/entropy_selection.py")
+    near-certain tokens, below every row's decision entropy. scripts/token_selection.py's
+    measurement, on one batch of 4 x 8."""
+    es = load_script("scripts/token_selection.py")
     model, tok = load_model_and_tokenizer(SHIPPED, device="cpu")
     (b,) = es.measure(model, tok, steps=1, prompts=4, top=0.2)
     assert b["decision"]["kept"] == 0.0 and max(b["decision_entropies"]) < b["tau"], b
