@@ -79,6 +79,11 @@ def test_tutorial_runs_end_to_end(tmp_path, monkeypatch):
     if s["nonzero_advantages"]:          # (a batch whose groups are all constant moves nothing)
         assert shares["GRPO"] > sum(s["token_share"][:2]) + 0.2, (shares, s["token_share"])
         assert shares["AR"] < shares["GRPO"] and shares["Lopti 2"] == 0.0, shares
+    # 4b. The 80/20 rule (token_fixes.py) never keeps the guess-or-derive token, a two-way
+    #     choice below the batch's 80th entropy percentile, and keeps low-probability tokens.
+    e = s["entropy_top"]
+    assert e["decision_kept"] == 0 and e["decision_max_H"] < e["tau"], e
+    assert e["kept_share_low_bins"] > 0.8, e
     # 5. Two short runs with the same seed: the same first rollout, all steps logged, evaluated.
     runs = s["train"]
     assert set(runs) == {"grpo", "ar_lopti"}
