@@ -83,7 +83,7 @@ def test_tutorial_runs_end_to_end(tmp_path, monkeypatch):
     #     choice below the batch's 80th entropy percentile, and keeps low-probability tokens.
     e = s["entropy_top"]
     assert e["decision_kept"] == 0 and e["decision_max_H"] < e["tau"], e
-    assert e["kept_share_low_bins"] > 0.8, e
+    assert e["kept_share_low_bins"] > max(0.6, 2 * sum(s["token_share"][:2])), (e, s["token_share"])
     # 5. Two short runs with the same seed: the same first rollout, all steps logged, evaluated.
     runs = s["train"]
     assert set(runs) == {"grpo", "ar_lopti"}
