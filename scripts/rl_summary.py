@@ -3,6 +3,8 @@
 
     python scripts/rl_summary.py --before WARM_START RUN [RUN ...] [--reference OTHER] [--plot FILE]
 
+A RUN given as LABEL=FOLDER names its row LABEL (two runs of one name in different studies).
+
 WARM_START is the folder of the starting policy's evaluations, each RUN the folder of an RL
 run (train.py's run directory, or a copy of its files), OTHER a folder shown for comparison.
 
@@ -58,11 +60,18 @@ def _acc(report, size: str = "3"):
     return float(report["per_size"][size]["accuracy"])
 
 
-def read_folder(folder) -> dict:
-    """One row: accuracies by size and by evaluation, selection and token shares."""
+def split_label(arg: str) -> tuple[str | None, str]:
+    """"LABEL=FOLDER" -> (LABEL, FOLDER); a plain folder -> (None, FOLDER)."""
+    label, sep, folder = arg.partition("=")
+    return (label, folder) if sep and label and not Path(arg).exists() else (None, arg)
+
+
+def read_folder(folder, label: str | None = None) -> dict:
+    """One row, named ``label`` or the folder's name: accuracies by size and by evaluation,
+    selection and token shares."""
     folder = Path(folder)
     official = _official(folder)
-    row = {"name": folder.name, "sizes": {n: _acc(official, n) for n in SIZES}}
+    row = {"name": label or folder.name, "sizes": {n: _acc(official, n) for n in SIZES}}
     for label, name in THREE:
         report = official if name == "official" else _json(folder / name)
         if report is None and name == "eval_heldout3.json":
@@ -141,15 +150,17 @@ def three_table(before, runs, mean, reference) -> list[str]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", help="RL run folders (train.py's, or copies of their files)")
+    ap.add_argument("runs", nargs="+", help="RL run folders (train.py's, or copies of their files), "
+                    "each optionally LABEL=FOLDER to name its row")
     ap.add_argument("--before", default=None, help="the starting policy's folder (its evaluations)")
     ap.add_argument("--reference", default=None, help="a policy to compare with (e.g. tiny-derive's folder)")
     ap.add_argument("--plot", default=None, help="write the runs' training curves to this PNG")
     a = ap.parse_args(argv)
-    missing = [p for p in a.runs + [a.before, a.reference] if p and not Path(p).is_dir()]
+    labelled = [split_label(r) for r in a.runs]
+    missing = [p for p in [f for _, f in labelled] + [a.before, a.reference] if p and not Path(p).is_dir()]
     if missing:
         ap.error("not a folder: " + ", ".join(missing))
-    runs = [read_folder(p) for p in a.runs]
+    runs = [read_folder(f, label) for label, f in labelled]
     before = read_folder(a.before) if a.before else None
     reference = read_folder(a.reference) if a.reference else None
     mean = mean_row(runs)

@@ -126,6 +126,11 @@ def test_rl_summary_tables_means_and_selection_step(tmp_path, capsys):
     assert (tmp_path / "seeds.png").stat().st_size > 1000
     with pytest.raises(SystemExit):
         rs.main([str(tmp_path / "missing")])
+    rs.main(["first=" + a, b])                          # LABEL=FOLDER names a row
+    out = capsys.readouterr().out
+    assert "| first | 0.400 | 0.500 |" in out and "| b | 0.600 |" in out
+    with pytest.raises(SystemExit):
+        rs.main(["first=" + str(tmp_path / "missing")])
 
 
 def test_rl_summary_reads_a_study_runs_heldout_file(tmp_path):
