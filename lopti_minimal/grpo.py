@@ -243,20 +243,23 @@ def sort_by_length(batch: Rollout, cfg) -> Rollout:
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: Rollout, cfg) -> torch.Tensor:
+def batch_logprobs(model, batch: Rollout, cfg, entropy: bool = False):
     """log-probs of a batch's response tokens, in micro-batches of cfg.micro_batch_size, at
     cfg.temperature, without grad: the frozen reference policy's log pi_ref, or a
-    recomputed log pi_old. 0 on padding."""
+    recomputed log pi_old. 0 on padding. With ``entropy=True`` also H_t from the same
+    forward pass (token_logprobs): (logp, entropy), both [B, R]."""
     was_training = model.training
     model.eval()
     B = batch.input_ids.shape[0]
     parts = []
     for s in range(0, B, cfg.micro_batch_size):
         mb = slice(s, s + cfg.micro_batch_size)
-        parts.append(token_logprobs(model, batch.input_ids[mb], batch.attention_mask[mb],
-                                    batch.prompt_len, cfg.temperature))
+        out = token_logprobs(model, batch.input_ids[mb], batch.attention_mask[mb],
+                             batch.prompt_len, cfg.temperature, entropy=entropy)
+        parts.append(out if entropy else (out,))
     model.train(was_training)
-    return torch.cat(parts, 0) * batch.response_mask
+    cols = [torch.cat(c, 0) * batch.response_mask for c in zip(*parts)]
+    return tuple(cols) if entropy else cols[0]
 
 
 def _micro_batch_loss(model, batch: Rollout, mb, advantages, train_mask, denom_mask, cfg,

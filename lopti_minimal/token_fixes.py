@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from .config import TOKEN_FIXES
-from .grpo import policy_loss, token_logprobs
+from .grpo import batch_logprobs, policy_loss
 from .sampling import Rollout
 
 # The TrainConfig fields these methods read (defaults and help there).
@@ -87,16 +87,10 @@ OPTIONS = ("entropy_top_quantile", "cispo_eps_low", "cispo_eps_high", "clip_cov_
 def batch_entropies(model, batch: Rollout, cfg) -> torch.Tensor:
     """H_t of the policy's next-token distribution at every response position (logits /
     temperature, as sampled), in micro-batches, without grad: [B, R], 0 on padding.
-    (Memory: two more float [b, R, V] temporaries than a log-prob pass, gradient-free.)"""
-    was_training = model.training
-    model.eval()
-    parts = []
-    for s in range(0, batch.input_ids.shape[0], cfg.micro_batch_size):
-        rows = slice(s, s + cfg.micro_batch_size)
-        parts.append(token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows],
-                                    batch.prompt_len, cfg.temperature, entropy=True)[1])
-    model.train(was_training)
-    return torch.cat(parts, 0) * batch.response_mask
+    (Memory: two more float [b, R, V] temporaries than a log-prob pass, gradient-free.
+    Where log pi_old is wanted too, `grpo.batch_logprobs(..., entropy=True)` gives both
+    from one pass.)"""
+    return batch_logprobs(model, batch, cfg, entropy=True)[1]
 
 
 def high_entropy_mask(entropy: torch.Tensor, valid: torch.Tensor, top: float = 0.2) -> torch.Tensor:

@@ -83,18 +83,24 @@ def format_report(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="checkpoints/tiny-warm",
-                    help="HF folder, or a run directory (its final policy)")
-    ap.add_argument("--prompts", type=int, default=32)
+def add_sampling_args(ap: argparse.ArgumentParser, prompts: int = 32, seed: int = 424243,
+                      model_help: str = "HF folder, or a run directory (its final policy)") -> None:
+    """The options of a measurement on a model's own sampled batches (this script's and
+    token_selection.py's): the policy, the puzzles, the sampling, the output."""
+    ap.add_argument("--model", default="checkpoints/tiny-warm", help=model_help)
+    ap.add_argument("--prompts", type=int, default=prompts, help="puzzles per batch (cpu-tiny's step: 8)")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--people", type=int, default=3)
-    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--temperature", type=float, default=0.7, help="as the RL rollouts")
     ap.add_argument("--max-new-tokens", type=int, default=640)
-    ap.add_argument("--seed", type=int, default=424243)
+    ap.add_argument("--seed", type=int, default=seed, help="of the puzzles (one no training run uses)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", help="write the numbers here (JSON)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_sampling_args(ap)
     a = ap.parse_args(argv)
     model, tok = load_policy(a.model, a.threads)
     res = measure(model, tok, a.prompts, a.group_size, a.people, a.temperature, a.max_new_tokens, a.seed)

@@ -9,8 +9,9 @@ percentile tau. On the embedded default the one token that decides the reward mo
 first response token: "\\n" starts a guess (chance accuracy), "\\n " a derivation (right
 about half the time; task/behaviours.py, choice 4). This script samples RL steps' batches
 as the trainer does (--steps batches of --prompts puzzles x G at T 0.7, fresh puzzles each),
-computes H_t and tau per batch exactly as the method does (token_fixes.batch_entropies and
-high_entropy_mask), and prints:
+computes log pi_old and H_t from one teacher-forced pass (grpo.batch_logprobs with
+entropy=True, the values token_fixes.batch_entropies gives) and tau per batch exactly as the
+method does (token_fixes.high_entropy_mask), and prints:
 
 - tau (and the tau other values of rho would set), the decision token's entropy and the
   share of rows where it is kept;
@@ -80,8 +81,8 @@ def measure(model, tokenizer, steps: int = 4, prompts: int = 8, group_size: int 
     from lopti_minimal.grpo import batch_logprobs
     from lopti_minimal.task import dataset, kk
     from lopti_minimal.task.behaviours import DERIVE, behaviour_of
-    from lopti_minimal.token_fixes import (batch_entropies, clip_cov_mask, high_entropy_mask,
-                                           kl_cov_mask, selection_generator, token_covariance)
+    from lopti_minimal.token_fixes import (clip_cov_mask, high_entropy_mask, kl_cov_mask,
+                                           selection_generator, token_covariance)
     from lopti_minimal.config import TrainConfig
     knobs = TrainConfig()                      # Clip-Cov's and KL-Cov's defaults
 
@@ -93,8 +94,7 @@ def measure(model, tokenizer, steps: int = 4, prompts: int = 8, group_size: int 
         with torch.no_grad():
             ro, rewards, adv, texts = collect_batch(model, tokenizer, records, cfg)
             ucfg = update_config(cfg, ro.input_ids.shape[0])
-            logp = batch_logprobs(model, ro, ucfg)
-            entropy = batch_entropies(model, ro, ucfg)
+            logp, entropy = batch_logprobs(model, ro, ucfg, entropy=True)   # one pass for both
         valid = ro.response_mask
         p_old = logp.exp() * valid
         kept = high_entropy_mask(entropy, valid, top)
@@ -174,23 +174,16 @@ def format_report(pool: dict, batches: list[dict], top: float = 0.2) -> str:
 
 
 def main(argv=None) -> int:
-    from scripts.token_bins import load_policy
+    from scripts.token_bins import add_sampling_args, load_policy
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="checkpoints/tiny-warm",
-                    help="HF folder, a run's checkpoint folder, or a run directory (its final policy)")
+    add_sampling_args(ap, prompts=8, seed=515151,
+                      model_help="HF folder, a run's checkpoint folder, or a run directory (its final policy)")
     ap.add_argument("--steps", type=int, default=4, help="batches, each an RL step's worth")
-    ap.add_argument("--prompts", type=int, default=8, help="puzzles per batch (cpu-tiny: 8)")
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--people", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=640)
     ap.add_argument("--top", type=float, default=0.2, help="share kept (the method's rho)")
-    ap.add_argument("--seed", type=int, default=515151)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", help="write the numbers here (JSON)")
     a = ap.parse_args(argv)
     model, tok = load_policy(a.model, a.threads)
     batches = measure(model, tok, a.steps, a.prompts, a.group_size, a.people,
-                      max_new_tokens=a.max_new_tokens, top=a.top, seed=a.seed)
+                      a.temperature, a.max_new_tokens, top=a.top, seed=a.seed)
     pool = pooled(batches)
     print(f"{a.model}\n" + format_report(pool, batches, a.top))
     if a.out:

@@ -193,6 +193,11 @@ def test_entropy_is_the_full_distributions():
         want = -(logq.exp() * logq).sum(-1) * b.response_mask
     assert float((H - want).abs().max()) < 1e-4
     assert (H[b.response_mask == 0] == 0).all()
+    # one pass for both (scripts/token_selection.py): the same values as the two passes,
+    # in micro-batches that split the rows unevenly
+    cfg.micro_batch_size = 5
+    logp, H1 = batch_logprobs(model, b, cfg, entropy=True)
+    assert torch.equal(logp, batch_logprobs(model, b, cfg)) and torch.equal(H1, TF.batch_entropies(model, b, cfg))
 
 
 def test_entropy_top_trains_mostly_on_low_probability_tokens():
