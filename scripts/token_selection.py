@@ -8,10 +8,10 @@ trains only the tokens whose next-token entropy H_t is at or above the batch's 8
 percentile tau. On the embedded default the one token that decides the reward most is the
 first response token: "\\n" starts a guess (chance accuracy), "\\n " a derivation (right
 about half the time; task/behaviours.py, choice 4). This script samples RL steps' batches
-as the trainer does (--steps batches of --prompts puzzles x G at T 0.7, fresh puzzles each),
-computes log pi_old and H_t from one teacher-forced pass (grpo.batch_logprobs with
-entropy=True, the values token_fixes.batch_entropies gives) and tau per batch exactly as the
-method does (token_fixes.high_entropy_mask), and prints:
+as the trainer does (--steps batches of --prompts puzzles x G at --temperature, 0.7 as the
+rollouts, fresh puzzles each), computes log pi_old and H_t from one teacher-forced pass
+(grpo.batch_logprobs with entropy=True, the values token_fixes.batch_entropies gives) and
+tau per batch exactly as the method does (token_fixes.high_entropy_mask), and prints:
 
 - tau (and the tau other values of rho would set), the decision token's entropy and the
   share of rows where it is kept;
