@@ -161,3 +161,21 @@ def test_the_report_compares_the_mechanism_paired_by_seed(tmp_path):
     assert "| method | rose, A > 0, [0,.25) |" in text
     assert "0.550 ± " in text and "Δ +0.150 [" in text
     assert (figs / "study-ci-main-mechanism.png").stat().st_size > 1000
+
+
+def test_gradient_by_token_replays_a_run_and_splits_its_bins(nano_dir, tmp_path):
+    """scripts/gradient_by_token.py: the replay measures the very shares the run logged, the
+    decomposition's whole-bin norms give those shares, and its parts cover each bin."""
+    from conftest import load_script
+    gt = load_script("scripts/gradient_by_token.py")
+    cfg = small_cfg(nano_dir, tmp_path / "a", method="clip_cov", steps=2, grad_shares_every=1)
+    trainer.train(cfg, reward_fn=length_reward, log=lambda s: None)
+    res = gt.replay(cfg.run_dir, 2, str(tmp_path / "work"), reward_fn=length_reward, block=4, max_tokens=64)
+    assert res["replayed"] == res["logged"] and res["logged"] is not None
+    total = sum(b["sq"] for b in res["bins"])
+    assert [round(b["sq"] / total, 5) for b in res["bins"]] == res["logged"]
+    for b in (b for b in res["bins"] if b["tokens"]):
+        assert sum(p["tokens"] for p in b["blocks"]) == b["tokens"]
+        assert len(b["top_row"]["tokens"]) == b["rows"][0]["tokens"]
+        assert all(0 <= t["p_old"] <= 1 and t["sq"] >= 0 for t in b["top_row"]["tokens"])
+    assert "|g|^2" in gt.format_report(res)
