@@ -166,9 +166,8 @@ def main(argv=None) -> int:
         res = replay(a.run, a.step, work, a.threads, block=a.block, max_tokens=a.max_tokens)
     print(format_report(res))
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+        from scripts.token_bins import write_json
+        write_json(a.out, res)
     return 0
 
 

@@ -98,6 +98,13 @@ def add_sampling_args(ap: argparse.ArgumentParser, prompts: int = 32, seed: int 
     ap.add_argument("--out", help="write the numbers here (JSON)")
 
 
+def write_json(path: str, obj) -> None:
+    """--out of the measurement scripts: the numbers as JSON, the folder made if needed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_sampling_args(ap)
@@ -107,9 +114,7 @@ def main(argv=None) -> int:
     res["model"] = a.model
     print(format_report(res))
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(a.out, res)
     return 0
 
 

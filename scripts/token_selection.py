@@ -31,7 +31,6 @@ run uses.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -174,7 +173,7 @@ def format_report(pool: dict, batches: list[dict], top: float = 0.2) -> str:
 
 
 def main(argv=None) -> int:
-    from scripts.token_bins import add_sampling_args, load_policy
+    from scripts.token_bins import add_sampling_args, load_policy, write_json
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_sampling_args(ap, prompts=8, seed=515151,
                       model_help="HF folder, a run's checkpoint folder, or a run directory (its final policy)")
@@ -187,10 +186,7 @@ def main(argv=None) -> int:
     pool = pooled(batches)
     print(f"{a.model}\n" + format_report(pool, batches, a.top))
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump({"model": a.model, "pooled": pool, "batches": batches,
-                       "settings": vars(a)}, f, indent=1)
+        write_json(a.out, {"model": a.model, "pooled": pool, "batches": batches, "settings": vars(a)})
     return 0
 
 
