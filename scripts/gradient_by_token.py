@@ -18,8 +18,9 @@ learning rate 0):
   their text, pi_old, pi_ref, advantage and squared norm.
 
 The parts' squared norms need not add up to the bin's: gradients of different tokens can
-cancel or reinforce (the "coherence" printed is |sum|^2 / sum of |part|^2). The paper's bound (Prop. 4.1)
-ties a token's gradient norm to 1 - pi(o_t) times a factor of its context; this shows how
+cancel or reinforce (the "coherence" printed is |sum|^2 / sum of |part|^2). The paper's bound (Prop. 4.2)
+ties a token's gradient norm to 1 - pi(o_t) times factors of its context (the singular
+values of the layer Jacobians above the activation); this shows how
 much that factor can vary. Costs one update's forward and backward per part.
 """
 from __future__ import annotations
