@@ -27,9 +27,10 @@ here does the same arithmetic with fewer, larger operations:
 5. The prompts go through transformers' own forward (prefill), once per group of G
    equal prompts; their keys and values are copied into every row of the group.
 
-Exactness: every op but attention is transformers' op in its dtype (tests/test_decode.py
-swaps transformers' attention in and gets its rollout bit for bit). Attention is not bit
-for bit under bf16 autocast: transformers' CPU kernel rounds the softmax weights to bf16
+Exactness: every op but attention is transformers' op in its dtype, the fused projections
+being the same products in one matmul (tests/test_decode.py swaps transformers' attention
+in and gets its tokens, and its log-probs to bf16 rounding: a CPU's bf16 kernel may round
+one fused matmul differently from three). Attention is not bit for bit under bf16 autocast: transformers' CPU kernel rounds the softmax weights to bf16
 before multiplying them with the values and sums in another order, so logits agree to
 bf16 rounding (float32: ~1e-5). A sampled token differs where the last bits of a logit
 decide it (about 0.1% of tokens on checkpoints/tiny-warm); from there that row, and

@@ -1,7 +1,8 @@
 """The lean decode loop (decode.py): its logits equal transformers' forward (float32, left
-padding, GQA, biases, Qwen2), under bf16 autocast it is transformers' rollout bit for bit
-once transformers' attention is swapped in, its samples keep the properties sample_groups
-promises, and models it does not serve fall back to transformers' forward."""
+padding, GQA, biases, Qwen2), under bf16 autocast it is transformers' rollout (the same
+tokens, log-probs to bf16 rounding) once transformers' attention is swapped in, its
+samples keep the properties sample_groups promises, and models it does not serve fall
+back to transformers' forward."""
 import gc
 import weakref
 
@@ -117,13 +118,15 @@ ROLLOUT_FIELDS = ("input_ids", "attention_mask", "response_ids", "response_mask"
 
 
 @pytest.mark.parametrize("greedy", [False, True])
-def test_lean_is_transformers_bit_for_bit_but_for_attention(monkeypatch, greedy):
+def test_lean_is_transformers_rollout_but_for_attention(monkeypatch, greedy):
     """Under bf16 autocast, with transformers' attention kernel swapped into the lean
-    decoder, its rollout is transformers' (decoder="hf") bit for bit: tokens, masks and
-    log-probs, rows stopping at EOS and compacted away. Every other op (fused projections,
-    rotary table, norms, prefill once per group, the group layout of the prompts' keys and
+    decoder, its rollout is transformers' (decoder="hf"): the same tokens and masks, rows
+    stopping at EOS and compacted away, and log-probs to bf16 rounding. Every other op
+    (rotary table, norms, prefill once per group, the group layout of the prompts' keys and
     values and the switch to rows at the first compaction, the sampling step and its random
-    draws) is exact; attention is the one place the two decoders round differently."""
+    draws) is transformers' op; the fused q/k/v and gate/up projections are the same
+    products in one bf16 matmul, which a CPU's kernel may round differently from three
+    (assert_same_rollout_to_bf16_rounding below says what is guaranteed)."""
     model = tiny_llama()
     with torch.no_grad():
         model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
@@ -131,14 +134,16 @@ def test_lean_is_transformers_bit_for_bit_but_for_attention(monkeypatch, greedy)
         hf = _rollout(model, PROMPTS, "hf", greedy=greedy)
         swap_in_transformers_attention(monkeypatch)
         lean = _rollout(model, PROMPTS, "lean", greedy=greedy)
+        z = hf_logits(model, hf.input_ids, hf.attention_mask)[:, hf.prompt_len - 1:-1]
     lengths = hf.response_mask.sum(1)
     assert lengths.min() < lengths.max()                  # rows stopped at different steps
-    for name in ROLLOUT_FIELDS:
-        assert torch.equal(getattr(hf, name), getattr(lean, name)), name
+    assert_same_rollout_to_bf16_rounding(hf, lean, z, temperature=0.7)
 
 
-def test_shipped_checkpoint_bit_for_bit_with_transformers_attention(monkeypatch):
-    """The same on checkpoints/tiny-warm and a real K&K prompt (one group of 8 rows)."""
+def test_shipped_checkpoint_with_transformers_attention(monkeypatch):
+    """The same on checkpoints/tiny-warm and a real K&K prompt (one group of 8 rows), a
+    model wide enough (256) that the bf16 kernels of the fused and the separate projections
+    need not round alike: the same tokens, log-probs to bf16 rounding (below)."""
     from lopti_minimal.models import encode_prompts, load_model_and_tokenizer
     from lopti_minimal.task import kk
     model, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / "tiny-warm"),
@@ -150,8 +155,35 @@ def test_shipped_checkpoint_bit_for_bit_with_transformers_attention(monkeypatch)
         hf = _rollout(model, prompts, "hf", **kw)
         swap_in_transformers_attention(monkeypatch)
         lean = _rollout(model, prompts, "lean", **kw)
-    for name in ROLLOUT_FIELDS:
+        z = hf_logits(model, hf.input_ids, hf.attention_mask)[:, hf.prompt_len - 1:-1]
+    assert_same_rollout_to_bf16_rounding(hf, lean, z, temperature=0.7)
+
+
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of bfloat16 numbers at |x| (8 significant bits: 2^(floor(log2|x|) - 7))."""
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126))) - 7)
+
+
+def assert_same_rollout_to_bf16_rounding(hf, lean, logits, temperature):
+    """What holds on any CPU between transformers' rollout and the lean one when their
+    bf16 matmuls are different BLAS calls: the lean decoder fuses q/k/v and gate/up into
+    one matmul each, and a bf16 kernel may pick its blocking (so its summation order) by
+    shape and by CPU (equal on the AMD EPYC machines, not on an Intel Xeon with AMX).
+    - Tokens and masks: equal on every row. A bf16 rounding step in a logit changes a
+      sampled token only where the uniform draw falls within that step of a boundary of
+      the cumulative distribution (of order 1e-3 per token here); the test's fixed seed
+      avoids those, and any CPU's rounding that moved one would be visible here.
+    - log pi_old: each logit z may end one bf16 rounding step apart, so
+      |d log softmax(z / T)_o| <= 2 max_v |dz_v| / T <= 2 ulp_bf16(max_v |z_v|) / T
+      per position (the chosen token's logit and the log-sum-exp each move by at most
+      max |dz| / T)."""
+    for name in ROLLOUT_FIELDS[:4]:
         assert torch.equal(getattr(hf, name), getattr(lean, name)), name
+    m = hf.response_mask > 0
+    bound = 2 * bf16_ulp(logits.abs().amax(-1)) / temperature
+    diff = (hf.old_logprobs - lean.old_logprobs).abs()
+    assert (diff[m] <= bound[m]).all(), (diff[m] - bound[m]).max()
+    assert (diff[~m] == 0).all()
 
 
 def test_lean_float32_rollout_equals_hf():
@@ -343,7 +375,8 @@ def test_compaction_moves_kept_rows_to_smaller_buffers(group_size):
             prompt = big[name + "p"][keep // group_size] if group_size > 1 else big[name][keep, :, :P]
             assert torch.equal(x[:, :, :P], prompt)
             assert torch.equal(x[:, :, P:n], big[name][keep, :, P:n])
-    # per row, the step is the same ops: bit for bit; the uncompacted decoder of groups
-    # attends to the prompt per group (other matmul shapes): float32 rounding
-    tol = dict(rtol=0, atol=0) if group_size == 1 else {}
-    torch.testing.assert_close(logits_small, logits_full[keep], **tol)
+    # The kept rows' logits come from the same ops on fewer rows: a matmul of 2 rows and one
+    # of B rows are different BLAS calls, whose blocking (and so float32 summation order) a
+    # library may pick by shape and CPU. Equal to float32 rounding, torch's float32 defaults
+    # (rtol 1.3e-6, atol 1e-5: a few units in the last place of logits of order 1).
+    torch.testing.assert_close(logits_small, logits_full[keep])
