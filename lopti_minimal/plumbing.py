@@ -197,7 +197,8 @@ class Run:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "run.json").write_text(json.dumps(
                 {"kind": runs.RUN_MARKER, "config": config_to_json(cfg), "data": data_path,
-                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version()}, indent=1))
+                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version(),
+                 "machine": runs.machine_info()}, indent=1))
             return 0
         ck = runs.checkpoints(run_dir)
         if ck:

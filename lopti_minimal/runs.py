@@ -64,8 +64,12 @@ def machine_info() -> dict:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
-            "torch": torch.__version__, "platform": platform.platform()}
+    import transformers
+    # threads: torch's intra-op threads now (a run sets them before it records this); bf16
+    # results differ by CPU and torch build, so a number is traced to all of these.
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "platform": platform.platform()}
 
 
 def code_version() -> dict | None:

@@ -41,6 +41,11 @@ def test_ci_preset_end_to_end(nano_dir, tmp_path):
     # the longest response of the step: at least the mean, at most the budget
     assert all(json.loads(l)["response_len"] <= json.loads(l)["max_len"] <= 48 for l in lines)
     assert "step    1/2 | reward" in p.stdout and "Done. Everything is in" in p.stdout
+    # run.json names what the run ran on: bf16 results depend on the CPU and the torch build
+    import torch, transformers
+    machine = json.loads((run / "run.json").read_text())["machine"]
+    assert machine["threads"] == int(os.environ.get("LOPTI_TEST_THREADS", "2")) and machine["torch"] == torch.__version__
+    assert machine["transformers"] == transformers.__version__ and machine["cpu"]
     # Resume of a finished run with more steps extends it.
     p, _ = run_cli("--resume", str(run), "--steps", "3")
     assert p.returncode == 0, p.stderr[-2000:]
