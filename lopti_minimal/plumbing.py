@@ -28,7 +28,6 @@ Design choices (the run directory in full: docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -202,21 +201,29 @@ class Run:
         ck = runs.checkpoints(run_dir)
         if ck:
             self.start_step, path = ck[-1]
-            state = torch.load(path / "trainer_state.pt", weights_only=False)
-            if cfg.lora_rank:
-                load_adapter_state(model, state["lora"])
-            else:
-                loaded, _ = load_policy(cfg, str(path))
-                model.load_state_dict(loaded.state_dict())
-                del loaded
-            optimizer.load_state_dict(state["optimizer"])
-            random.setstate(state["rng"]["python"])
-            np.random.set_state(state["rng"]["numpy"])
-            torch.set_rng_state(state["rng"]["torch"])
+            self.restore(model, optimizer, path)
             self.log(f"[resume] {path} (step {self.start_step})")
         for name in ("metrics.jsonl", "evals.jsonl"):
             runs.truncate_jsonl(run_dir / name, self.start_step)
         return self.start_step
+
+    def restore(self, model, optimizer, path: Path) -> None:
+        """The checkpoint at ``path`` into the model (LoRA: its adapters), the optimizer and
+        the global RNG states. Its trainer_state.pt is read first and runs no code
+        (runs.read_state): a file not in that form is a TrainError before anything changes."""
+        try:
+            state = runs.read_state(path / "trainer_state.pt",
+                                    f"delete {path} to resume from the checkpoint before it, or start a new run")
+        except runs.StateFileError as e:
+            raise TrainError(f"cannot resume: {e}") from None
+        if self.cfg.lora_rank:
+            load_adapter_state(model, state["lora"])
+        else:
+            loaded, _ = load_policy(self.cfg, str(path))
+            model.load_state_dict(loaded.state_dict())
+            del loaded
+        optimizer.load_state_dict(state["optimizer"])
+        runs.restore_rng_states(state["rng"])
 
     def begin(self, model, tokenizer, n_records: int, data_path: str) -> None:
         """The run's first log line, TensorBoard, the evaluation before RL, the progress bar."""
