@@ -187,6 +187,23 @@ class Run:
         self.metrics_path, self.evals_path = self.dir / "metrics.jsonl", self.dir / "evals.jsonl"
         self.start_step, self.writer, self.bar, self.history = 0, None, None, []
         self.peak_rss_gb = 0.0
+        # read now, so that a state file not in plain-data form is refused before a model loads
+        self.checkpoint = self.latest_checkpoint() if resume else None
+
+    def latest_checkpoint(self) -> tuple | None:
+        """(step, folder, its trainer_state.pt) of the run's latest checkpoint, or None (the
+        run starts at step 0). The state is read by runs.read_state, which runs no code
+        from the file; a file not in its form is a TrainError."""
+        ck = runs.checkpoints(self.dir)
+        if not ck:
+            return None
+        step, path = ck[-1]
+        try:
+            state = runs.read_state(path / "trainer_state.pt",
+                                    f"delete {path} to resume from the checkpoint before it, or start a new run")
+        except runs.StateFileError as e:
+            raise TrainError(f"cannot resume: {e}") from None
+        return step, path, state
 
     def start(self, model, optimizer, data_path: str) -> int:
         """Resume: the latest checkpoint's policy, optimizer and RNG states, the logs cut
@@ -198,24 +215,18 @@ class Run:
                 {"kind": runs.RUN_MARKER, "config": config_to_json(cfg), "data": data_path,
                  "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version()}, indent=1))
             return 0
-        ck = runs.checkpoints(run_dir)
-        if ck:
-            self.start_step, path = ck[-1]
-            self.restore(model, optimizer, path)
+        if self.checkpoint:
+            self.start_step, path, state = self.checkpoint
+            self.restore(model, optimizer, path, state)
+            self.checkpoint = None                # its optimizer state is in the optimizer now
             self.log(f"[resume] {path} (step {self.start_step})")
         for name in ("metrics.jsonl", "evals.jsonl"):
             runs.truncate_jsonl(run_dir / name, self.start_step)
         return self.start_step
 
-    def restore(self, model, optimizer, path: Path) -> None:
-        """The checkpoint at ``path`` into the model (LoRA: its adapters), the optimizer and
-        the global RNG states. Its trainer_state.pt is read first and runs no code
-        (runs.read_state): a file not in that form is a TrainError before anything changes."""
-        try:
-            state = runs.read_state(path / "trainer_state.pt",
-                                    f"delete {path} to resume from the checkpoint before it, or start a new run")
-        except runs.StateFileError as e:
-            raise TrainError(f"cannot resume: {e}") from None
+    def restore(self, model, optimizer, path: Path, state: dict) -> None:
+        """The checkpoint at ``path`` (``state``: its trainer_state.pt) into the model (LoRA:
+        its adapters), the optimizer and the global RNG states."""
         if self.cfg.lora_rank:
             load_adapter_state(model, state["lora"])
         else:
