@@ -179,7 +179,8 @@ def read_state(path, remedy: str) -> dict:
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise StateFileError(f"{path} is not a state file this version of lopti-minimal writes "
                              "(an older version's, a truncated one, or not one of ours): it was not "
-                             f"loaded, and nothing in it ran; {remedy}")
+                             "loaded, and nothing in it ran. An older version's file resumes with that "
+                             f"version, if you trust it; otherwise {remedy}")
     return state
 
 
