@@ -23,8 +23,9 @@ Design choices (Yang et al. 2025, arXiv 2505.12929; in full: docs/ARCHITECTURE.m
    hyperparameters only where it must (config.py says which and why).
 
 Bad input (unknown method, alpha outside [0, 1], eta outside (0, 1], group size < 2,
-unreadable data or model, a --resume directory that is not a run) prints one line and
-exits with code 2 before anything is written.
+unreadable data or model, a --resume directory that is not a run, a checkpoint whose
+trainer_state.pt is not plain data: runs.read_state) prints one line and exits with code 2
+before anything is written.
 """
 from __future__ import annotations
 

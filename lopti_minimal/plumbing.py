@@ -28,7 +28,6 @@ Design choices (the run directory in full: docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -188,6 +187,23 @@ class Run:
         self.metrics_path, self.evals_path = self.dir / "metrics.jsonl", self.dir / "evals.jsonl"
         self.start_step, self.writer, self.bar, self.history = 0, None, None, []
         self.peak_rss_gb = 0.0
+        # read now, so that a state file not in plain-data form is refused before a model loads
+        self.checkpoint = self.latest_checkpoint() if resume else None
+
+    def latest_checkpoint(self) -> tuple | None:
+        """(step, folder, its trainer_state.pt) of the run's latest checkpoint, or None (the
+        run starts at step 0). The state is read by runs.read_state, which runs no code
+        from the file; a file not in its form is a TrainError."""
+        ck = runs.checkpoints(self.dir)
+        if not ck:
+            return None
+        step, path = ck[-1]
+        try:
+            state = runs.read_state(path / "trainer_state.pt",
+                                    f"delete {path} to resume from the checkpoint before it, or start a new run")
+        except runs.StateFileError as e:
+            raise TrainError(f"cannot resume: {e}") from None
+        return step, path, state
 
     def start(self, model, optimizer, data_path: str) -> int:
         """Resume: the latest checkpoint's policy, optimizer and RNG states, the logs cut
@@ -200,24 +216,26 @@ class Run:
                  "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version(),
                  "machine": runs.machine_info()}, indent=1))
             return 0
-        ck = runs.checkpoints(run_dir)
-        if ck:
-            self.start_step, path = ck[-1]
-            state = torch.load(path / "trainer_state.pt", weights_only=False)
-            if cfg.lora_rank:
-                load_adapter_state(model, state["lora"])
-            else:
-                loaded, _ = load_policy(cfg, str(path))
-                model.load_state_dict(loaded.state_dict())
-                del loaded
-            optimizer.load_state_dict(state["optimizer"])
-            random.setstate(state["rng"]["python"])
-            np.random.set_state(state["rng"]["numpy"])
-            torch.set_rng_state(state["rng"]["torch"])
+        if self.checkpoint:
+            self.start_step, path, state = self.checkpoint
+            self.restore(model, optimizer, path, state)
+            self.checkpoint = None                # its optimizer state is in the optimizer now
             self.log(f"[resume] {path} (step {self.start_step})")
         for name in ("metrics.jsonl", "evals.jsonl"):
             runs.truncate_jsonl(run_dir / name, self.start_step)
         return self.start_step
+
+    def restore(self, model, optimizer, path: Path, state: dict) -> None:
+        """The checkpoint at ``path`` (``state``: its trainer_state.pt) into the model (LoRA:
+        its adapters), the optimizer and the global RNG states."""
+        if self.cfg.lora_rank:
+            load_adapter_state(model, state["lora"])
+        else:
+            loaded, _ = load_policy(self.cfg, str(path))
+            model.load_state_dict(loaded.state_dict())
+            del loaded
+        optimizer.load_state_dict(state["optimizer"])
+        runs.restore_rng_states(state["rng"])
 
     def begin(self, model, tokenizer, n_records: int, data_path: str) -> None:
         """The run's first log line, TensorBoard, the evaluation before RL, the progress bar."""

@@ -3,7 +3,7 @@
     RUN_DIR/run.json          marker + full config (what --resume reads back)
     RUN_DIR/metrics.jsonl     one JSON object per RL step
     RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
-    RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt
+    RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt (read_state)
     RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
     RUN_DIR/eval_final.json   the final evaluation; summary.json: paths and the final accuracy
 
@@ -14,6 +14,12 @@ Design choices:
    (experiments/warmstart.py).
 2. A Hugging Face folder is written under a temporary name and renamed, so a reader (or a
    resume after kill -9) sees either the old folder or the complete new one.
+3. Loading a run runs no code from it: run directories travel (a colleague's run, an
+   archive), and a pickle can name any function for its loader to call. Weights are
+   safetensors; what a checkpoint holds beside them (trainer_state.pt here, the warm
+   start's warmstart_state.pt) is tensors, numbers, strings and plain containers only,
+   saved with torch.save and read back by `read_state` with torch.load(weights_only=True),
+   which builds data and calls nothing. A file not in that form is refused.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import platform
 import random
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -154,16 +161,61 @@ def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torc
         os.replace(tmp, out)
 
 
+# The "format" entry of every state file (choice 3). Files of the first format carry no
+# entry: they held numpy arrays and Python objects, which only the full unpickler loads.
+STATE_FORMAT = 2
+
+
+class StateFileError(ValueError):
+    """A state file that is not in the form `read_state` loads: refused, nothing in it run."""
+
+
+def read_state(path, remedy: str) -> dict:
+    """A state file (choice 3) read with the weights-only unpickler. Anything else -- a
+    crafted pickle, a file of the first format, a truncated file -- raises StateFileError,
+    one line that ends in ``remedy`` (what the user can do)."""
+    try:
+        with warnings.catch_warnings():     # torch warns (on stderr) about odd pickles; the
+            warnings.simplefilter("ignore")  # refusal below says it in one line
+            state = torch.load(path, weights_only=True)
+    except Exception:    # a bad file raises UnpicklingError, OSError, EOFError, RuntimeError...
+        state = None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise StateFileError(f"{path} is not a state file this version of lopti-minimal writes "
+                             "(an older version's, a truncated one, or not one of ours): it was not "
+                             "loaded, and nothing in it ran. An older version's file resumes with that "
+                             f"version, if you trust it; otherwise {remedy}")
+    return state
+
+
+def rng_states() -> dict:
+    """The global generators' states in read_state's form: numpy's array as a list of
+    ints, Python's state a tuple of ints, torch's a tensor."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def restore_rng_states(rng: dict) -> None:
+    """Set the generators saved by `rng_states` (CUDA's is saved, not restored: no code of
+    ours draws from it)."""
+    random.setstate(rng["python"])          # tuples stay tuples through torch.save/load
+    name, keys, pos, has_gauss, gauss = rng["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(rng["torch"])
+
+
 def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, config: dict, keep: int) -> Path:
-    """RUN_DIR/ckpt-<step>: the policy, and in trainer_state.pt the optimizer state, the
-    global RNG states and the run's config (``config``, JSON-ready). Older periodic
-    checkpoints beyond the newest ``keep`` are deleted (0 keeps them all)."""
+    """RUN_DIR/ckpt-<step>: the policy, and in trainer_state.pt (read_state's form) the
+    optimizer state, the global RNG states and the run's config (``config``, JSON-ready).
+    Older periodic checkpoints beyond the newest ``keep`` are deleted (0 keeps them all)."""
     state = {
+        "format": STATE_FORMAT,
         "step": step,
         "optimizer": optimizer.state_dict(),
-        "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "rng": rng_states(),
         "config": config,
     }
     if is_lora(model):

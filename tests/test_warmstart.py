@@ -404,7 +404,7 @@ def test_an_interrupted_warm_start_resumes_exactly(kk_tokenizer, tmp_path):
                                eval_sizes=(3,), eval_per_size=1, heldout_per_size=1,
                                eval_every_steps=3, final_eval_sizes=(3,), final_eval_per_size=1,
                                max_new_tokens={3: 4}, state_every_steps=4, guess_share=0.5,
-                               phrased=True, progress=False, seed=3)
+                               phrased=True, unsolvable_share=0.2, progress=False, seed=3)
 
     whole, _, hist_whole = warmstart.warm_start(cfg(tmp_path / "a"), tokenizer=kk_tokenizer,
                                                 log=lambda s: None)
@@ -469,25 +469,6 @@ def test_resume_writes_where_it_was_told_not_where_the_run_first_wrote(kk_tokeni
     monkeypatch.setattr(warmstart, "warm_start", lambda c, **k: seen.append(c.out) or (None, None, []))
     warmstart.main(["--resume", str(moved)])
     assert seen == [str(moved)]
-
-
-@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")   # runpy: the module is imported
-def test_a_state_saved_under_python_m_loads_from_any_entry_point(tmp_path, monkeypatch):
-    """Run as `python -m lopti_minimal.experiments.warmstart` the file is the module __main__, and a
-    state pickled from there would name __main__'s classes (unloadable from train.py or
-    here). The file's main block hands over to the importable module, so it does not."""
-    import runpy
-    import sys
-    import types
-    out = str(tmp_path / "ck")
-    monkeypatch.setattr(warmstart, "shutil", types.SimpleNamespace(rmtree=lambda *a, **k: None))  # keep OUT.resume
-    monkeypatch.setattr(sys, "argv", ["warmstart", "--preset", "nano", "--steps", "2", "--state-every-steps", "2",
-                                      "--eval-per-size", "0", "--heldout-per-size", "0",
-                                      "--final-eval-per-size", "0", "--no-progress", "--out", out])
-    with pytest.raises(SystemExit):
-        runpy.run_module("lopti_minimal.experiments.warmstart", run_name="__main__")
-    _, _, state = warmstart.load_state(out)
-    assert type(state["config"]) is WarmStartConfig and state["step"] == 2
 
 
 def test_a_shipped_checkpoint_is_overwritten_only_when_asked(tmp_path, monkeypatch, capsys):

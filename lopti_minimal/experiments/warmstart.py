@@ -30,7 +30,9 @@ Design choices (in full, with the measurements: docs/TASK_AND_MODELS.md):
    the model has seen a search run out of candidates, and teaches the two behaviours
    (task/behaviours.py: --guess-share, --phrased) that give RL something to select.
 6. Nothing is lost on interruption: the training state goes to OUT.resume every
-   --state-every-steps steps (`WarmStart.state`), and --resume OUT goes on exactly.
+   --state-every-steps steps (`WarmStart.state`), and --resume OUT goes on exactly. The
+   state is plain data (tensors, numbers, strings, containers: runs.read_state), so
+   resuming runs no code from the folder; a file not in that form is refused.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ from tqdm import tqdm
 from ..cli import HelpFormatter, add_options, given, one_line_error, option
 from ..models import count_parameters, load_model_and_tokenizer, make_tiny_model
 from ..paths import CHECKOUT, in_checkout
-from ..runs import machine_info, save_hf_atomic
+from ..runs import STATE_FORMAT, StateFileError, machine_info, read_state, save_hf_atomic
 from ..task import kk
 from ..task.behaviours import TwoBehaviourTargets
 from ..task.evaluate import evaluate_records
@@ -202,22 +204,27 @@ def resume_dir(out: str) -> str:
 def save_state(model, tokenizer, state: dict, record: dict, out: str) -> None:
     """The training state at a step boundary, atomically (runs.save_hf_atomic): the float32
     weights as a Hugging Face folder and, in warmstart_state.pt, everything else the loop
-    needs to go on as if never stopped (``state``: optimizer, generators, stream, queue...);
+    needs to go on as if never stopped (``state``, `WarmStart.state`: optimizer, generators,
+    stream, queue..., all plain data);
     beside it the run's record so far (warmstart.json: every evaluation, where OUT holds
     the best one's), which scripts/warmstart_curves.py reads while the run goes on."""
     save_hf_atomic(model, tokenizer, resume_dir(out), {STATE_FILE: state, "warmstart.json": record})
 
 
 def load_state(out: str) -> tuple:
-    """(model, tokenizer, state) saved by ``save_state`` for the run writing to ``out``."""
+    """(model, tokenizer, state) saved by ``save_state`` for the run writing to ``out``, with
+    state["config"] a WarmStartConfig again. The state file is read first, by
+    runs.read_state: it runs no code, and a file not in its form raises StateFileError
+    before the model is loaded."""
     folder = resume_dir(out)
-    if not os.path.exists(os.path.join(folder, STATE_FILE)):
+    path = os.path.join(folder, STATE_FILE)
+    if not os.path.exists(path):
         raise SystemExit(f"--resume {out}: no saved training state at {folder} (a run saves it "
                          f"every --state-every-steps steps and deletes it when it completes)")
+    state = read_state(path, f"delete {folder} and run the original command again to start over")
+    state["config"] = WarmStartConfig(**state["config"])
     model, tokenizer = load_model_and_tokenizer(folder, dtype=torch.float32, device="cpu")
-    # weights_only=False: the state holds Python objects (the puzzle stream, random.Random);
-    # it is a file this module wrote, not a downloaded one.
-    return model, tokenizer, torch.load(os.path.join(folder, STATE_FILE), weights_only=False)
+    return model, tokenizer, state
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,6 +276,9 @@ class WarmStart:
             if cfg.heldout_per_size > 0 else []
         if cfg.phrase_tails and not cfg.phrased:
             raise ValueError("phrase_tails needs phrased (--phrase-tails is a part of --phrased)")
+        # The target's name goes into the state, so that --resume makes the same targets
+        # (None: a function of the caller's, which a resumed run must be given again).
+        self.style = next((k for k, f in RESPONSE_STYLES.items() if f is response_fn), None)
         if response_fn is default_response and (cfg.guess_share > 0 or cfg.phrased):
             response_fn = TwoBehaviourTargets(cfg.guess_share, cfg.phrased, cfg.seed, cfg.phrase_tails)
         if not 0.0 <= cfg.unsolvable_share < 1.0:
@@ -288,8 +298,8 @@ class WarmStart:
             self.opt.load_state_dict(resume["optimizer"])
             self.rng.setstate(resume["rng"])
             torch.set_rng_state(resume["torch_rng"])
-            for k in ("stream", "response_fn", "batch_size", "mean_response", "queued", "history",
-                      "best", "step", "ema"):
+            self.stream.restore(resume["stream"])
+            for k in ("batch_size", "mean_response", "queued", "history", "best", "step", "ema"):
                 setattr(self, k, resume[k])
             elapsed = resume["elapsed"]
             log(f"[resume] {resume_dir(cfg.out)} at step {self.step} ({elapsed / 60:.1f} min)")
@@ -301,9 +311,13 @@ class WarmStart:
                         mininterval=5)
 
     def state(self) -> dict:
-        """What a resumed run needs to go on exactly (save_state / load_state)."""
-        return {"config": self.cfg, "optimizer": self.opt.state_dict(), "rng": self.rng.getstate(),
-                "torch_rng": torch.get_rng_state(), "stream": self.stream, "response_fn": self.response_fn,
+        """What a resumed run needs to go on exactly (save_state / load_state), as plain data
+        (runs.read_state's form): the config as a dict, the target by its name (style),
+        random.Random's state as its tuple of ints, the stream by where it stands. The
+        queued batches are lists of token ids; the history, numbers and strings."""
+        return {"format": STATE_FORMAT, "config": asdict(self.cfg), "style": self.style,
+                "optimizer": self.opt.state_dict(), "rng": self.rng.getstate(),
+                "torch_rng": torch.get_rng_state(), "stream": self.stream.state(),
                 "batch_size": self.batch_size, "mean_response": self.mean_response, "queued": self.queued,
                 "history": self.history, "best": self.best, "step": self.step,
                 "elapsed": time.time() - self.t0, "ema": self.ema}
@@ -412,7 +426,9 @@ def warm_start(cfg: WarmStartConfig, model=None, tokenizer=None, response_fn=def
     """Train (from scratch unless ``model``/``tokenizer`` are given) and save to cfg.out.
 
     ``resume``: the state saved by ``save_state`` (``load_state``; with the model and
-    tokenizer saved beside it), to go on from its step exactly.
+    tokenizer saved beside it), to go on from its step exactly, given the ``response_fn``
+    the run was made with (RESPONSE_STYLES[state["style"]]; the default for the two
+    behaviours, which are made from the config).
     Returns (model, tokenizer, history) where history holds the evaluations."""
     run = WarmStart(cfg, model, tokenizer, response_fn, log, resume)
     return run.model, run.tokenizer, run.run()
@@ -519,6 +535,23 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def resumed(ap, out: str, given_cfg: WarmStartConfig) -> tuple:
+    """--resume OUT: (config, model, tokenizer, state, response_fn) of the interrupted run --
+    its own config and target; only --threads and --no-progress follow the command
+    (``given_cfg``). A state file not in plain-data form is refused: one line, exit code 2."""
+    try:
+        model, tokenizer, state = load_state(out)
+    except StateFileError as e:
+        ap.error(f"cannot resume: {e}")
+    if state["style"] not in RESPONSE_STYLES:
+        ap.error(f"--resume {out}: the run was made with a target function of its own (not "
+                 "--style); resume it from Python: warm_start(..., response_fn=, resume=)")
+    cfg = state["config"]
+    # OUT as given now: the saved (maybe relative) path may point elsewhere from here
+    cfg.out, cfg.threads, cfg.progress = out, given_cfg.threads, given_cfg.progress
+    return cfg, model, tokenizer, state, RESPONSE_STYLES[state["style"]]
+
+
 def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
@@ -540,17 +573,15 @@ def main(argv=None) -> int:
             main(args + keep)
         return 0
     model = tokenizer = state = None
-    if a.resume:                      # the run's own config; only these follow the command
-        model, tokenizer, state = load_state(a.resume)
-        cfg, threads, progress = state["config"], cfg.threads, cfg.progress
-        # OUT as given now: the saved (maybe relative) path may point elsewhere from here
-        cfg.out, cfg.threads, cfg.progress = a.resume, threads, progress
+    response_fn = RESPONSE_STYLES[a.style]
+    if a.resume:
+        cfg, model, tokenizer, state, response_fn = resumed(ap, a.resume, cfg)
     elif a.init:
         model, tokenizer = load_model_and_tokenizer(a.init, dtype=torch.float32, device="cpu")
         cfg.curriculum = (cfg.curriculum[-1],)
         cfg.warmup_steps = 20
         cfg.init = a.init
-    _, _, hist = warm_start(cfg, model=model, tokenizer=tokenizer, response_fn=RESPONSE_STYLES[a.style],
+    _, _, hist = warm_start(cfg, model=model, tokenizer=tokenizer, response_fn=response_fn,
                             log=lambda s: print(s, flush=True), resume=state)
     if hist:                                          # (no evaluation: nothing to print)
         print(json.dumps(hist[-1]["official"], indent=1))
@@ -558,8 +589,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as `python -m`, this file is the module __main__; the resume state pickles objects
-    # of this module (the config), so they are made by the importable
-    # lopti_minimal.experiments.warmstart, which any entry point (train.py too) can load them from.
-    from lopti_minimal.experiments import warmstart
-    sys.exit(warmstart.main())
+    sys.exit(main())

@@ -85,6 +85,18 @@ class PuzzleStream:
             buf.extend(dataset.generate_unsolvable_records(n, 64, seed=self._chunk_seed(n)))
         return buf.pop()
 
+    def state(self) -> dict:
+        """Where the stream stands, as plain data (runs.read_state's form): the records
+        drawn and not yet used, the chunk counter, the coin's state. The rest is the
+        constructor's arguments, which a resumed run passes again."""
+        return {"buffers": self.buffers, "unsolvable": self.unsolvable, "calls": self.calls,
+                "coin": self.coin.getstate()}
+
+    def restore(self, state: dict) -> None:
+        """Go on from a `state`."""
+        self.buffers, self.unsolvable, self.calls = state["buffers"], state["unsolvable"], state["calls"]
+        self.coin.setstate(state["coin"])
+
     def _chunk_seed(self, n: int) -> int:
         """A fresh generator seed for every chunk (solvable or not), from cfg.seed."""
         self.calls += 1
