@@ -124,3 +124,52 @@ def test_gpu_check_projects_the_peak_of_a_step_holding_the_optimizer_state():
     two = gc.memory_summary([step1, step2])
     assert two["steady_peak_gb"] == 15.5 and two["projected_steady_peak_gb"] == 16.0
     assert two["steady_peak_from"].startswith("measured") and two["reserved_peak_gb"] == 14.0
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_gpu_suite_commands_parse(smoke, tmp_path, request):
+    """scripts/gpu_suite.py runs once on a GPU machine lent for minutes: every command it
+    would run is checked here first. Each train.py command builds its config with train.py's
+    own parser, each gpu_check command parses with gpu_check's, the test files exist and the
+    `cuda` marker is registered (conftest)."""
+    suite = load_script("scripts/gpu_suite.py")
+    train, gc = load_script("train.py"), load_script("scripts/gpu_check.py")
+    phase1, phase2 = suite.parts(smoke, tmp_path / "work", tmp_path / "out")
+    assert [p["name"] for p in phase1] == ["env", "tests", "ci", "tiny"]
+    for p in phase1 + phase2:
+        cmd = p["cmd"]
+        assert 0 < p["minimum"] < p["cap"]
+        if "train.py" in cmd:
+            cfg = train.build_config(train.parse_args(cmd[cmd.index("train.py") + 1:]))
+            assert cfg.device == ("cpu" if smoke else "cuda") and not cfg.progress
+        elif "scripts/gpu_check.py" in cmd:
+            a = gc.parse_args(cmd[cmd.index("scripts/gpu_check.py") + 1:])
+            assert a.device == ("cpu" if smoke else "cuda") and a.out.endswith(f"check-{p['name']}.json")
+            assert a.lora_rank == (16 if p["name"] == "3b-lora" else 0)
+            assert a.max_new_tokens == (8 if smoke else 4096 if a.preset == "qwen2.5-0.5b" else 512)
+        elif "pytest" in cmd:
+            assert all((ROOT / f).exists() for f in suite.TEST_FILES)
+            marked = any(cmd[i:i + 2] == ["-m", "cuda"] for i in range(len(cmd)))
+            assert marked != smoke            # on a CPU there are no cuda variants to select
+            assert any(line.startswith("cuda:") for line in request.config.getini("markers"))
+    if not smoke:    # the checks come most valuable first
+        assert [p["name"] for p in phase2] == ["3b-lora", "0.5b", "1.5b", "3b"]
+
+
+def test_gpu_suite_reads_junit_and_metrics(tmp_path):
+    suite = load_script("scripts/gpu_suite.py")
+    xml = tmp_path / "r.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="tests.test_grpo" name="t_ok[cuda]"/>'
+                   '<testcase classname="tests.test_lopti" name="t_bad[cuda]"><failure message="boom"/>'
+                   '</testcase></testsuite></testsuites>')
+    s = suite.junit_summary(xml)
+    assert (s["n_passed"], s["n_failed"]) == (1, 1) and s["failed"][0] == {"test": "test_lopti::t_bad[cuda]",
+                                                                          "message": "boom"}
+    m = tmp_path / "metrics.jsonl"
+    m.write_text("".join(json.dumps({"step": i, "step_s": 2.0 + i, "sample_s": 1.0, "update_s": 0.5,
+                                     "reward": i / 10, "derive_share": i / 20}) + "\n" for i in range(1, 8))
+                 + '{"step": 8, "ste')                       # a line cut by a timeout
+    rows = suite.read_metrics(m)
+    r = suite.run_summary(rows)
+    assert r["steps"] == 7 and r["step_s_median"] == 6.0 and r["first"]["reward"] == 0.1
+    assert r["reward_last5_mean"] > r["reward_first5_mean"]
