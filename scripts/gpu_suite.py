@@ -168,9 +168,13 @@ class Log:
         self.f, self.t0, self.size, self.dropped = open(path, "w"), t0, 0, 0
         self.lock = threading.Lock()
 
-    def write(self, part: str, line: str) -> float:
+    def write(self, part: str, line: str, echo: bool = False) -> float:
+        """Log a line; ``echo``: on stdout too (the suite's own lines: what a caller that
+        sees only the suite's output learns of its course)."""
         t = time.monotonic() - self.t0
         text = f"[{part:>7} {t:6.1f}s] {line.rstrip()}\n"
+        if echo:
+            print(text, end="", flush=True)
         with self.lock:
             if self.size + len(text) > LOG_LIMIT:
                 self.dropped += 1
@@ -194,10 +198,10 @@ class Runner:
         limit = min(part["cap"], self.left() - RESERVE_S)
         part["result"] = {"status": "skipped", "reason": f"{self.left():.0f} s of the budget left"}
         if limit < part["minimum"]:
-            self.log.write(part["name"], f"skipped: {self.left():.0f} s left, it needs {part['minimum']}")
+            self.log.write(part["name"], f"skipped: {self.left():.0f} s left, it needs {part['minimum']}", echo=True)
             return part
         cmd = ["timeout", "-k", "10", str(int(limit)), *part["cmd"]] if shutil.which("timeout") else part["cmd"]
-        self.log.write(part["name"], f"start (timeout {int(limit)} s): {' '.join(part['cmd'])}")
+        self.log.write(part["name"], f"start (timeout {int(limit)} s): {' '.join(part['cmd'])}", echo=True)
         part.update(limit=int(limit), t_start=time.monotonic() - self.t0, lines=collections.deque(maxlen=60),
                     step_times={}, compile_fell_back=False)
         part["result"] = {"status": "running", "timeout_s": int(limit)}
@@ -234,7 +238,9 @@ class Runner:
                           "timeout_s": part["limit"]}
         if status != "ok":
             part["result"]["output_tail"] = list(part["lines"])[-25:]
-        self.log.write(part["name"], f"end: {status} (rc {rc}) after {part['result']['seconds']} s")
+        self.log.write(part["name"], f"end: {status} (rc {rc}) after {part['result']['seconds']} s", echo=True)
+        if status != "ok":
+            print("\n".join(f"    {line}" for line in list(part["lines"])[-8:]), flush=True)
         return part
 
 
@@ -341,6 +347,33 @@ def combine(env: dict, phase1: list[dict], phase2: list[dict], work: Path, out: 
     return res
 
 
+def headline(res: dict) -> str:
+    """A few lines of the figures, for a caller that reads only the suite's output."""
+    m = res["machine"]
+    lines = [f"machine: {m.get('gpu')} ({m.get('gpu_memory_gb')} GB), torch {m.get('torch')}, transformers "
+             f"{m.get('transformers')}, torchao {m.get('torchao')}: {m.get('torchao_adamw8bit')}"]
+    t = res.get("tests", {})
+    if "n_passed" in t:
+        lines.append(f"tests: {t['n_passed']} passed, {t['n_failed']} failed "
+                     f"{[f['test'] for f in t['failed']][:6]}")
+    tiny, ci = res.get("tiny", {}), res.get("ci", {})
+    lines.append(f"ci: {ci.get('steps')} steps, first ratio {ci.get('first_ratio')}; tiny: {tiny.get('steps')} steps, "
+                 f"median {tiny.get('step_s_median')} s/step ({tiny.get('steps_alone')} alone: "
+                 f"{tiny.get('step_s_median_alone')}), reward {tiny.get('reward_first5_mean')} -> "
+                 f"{tiny.get('reward_last5_mean')} (first/last 5), derive {tiny.get('first', {}).get('derive_share')} "
+                 f"-> {tiny.get('last', {}).get('derive_share')}")
+    for name, c in res.get("checks", {}).items():
+        steps, e = c.get("steps") or [{}], c.get("estimate_gb") or {}
+        lines.append(f"{name}: {len(c.get('steps') or [])} step(s), sample {steps[0].get('sample_s')} s "
+                     f"({steps[0].get('sample_ms_per_token')} ms/token), update {steps[0].get('update_s')} s "
+                     f"(optimizer {steps[0].get('optimizer_s')}); peak {c.get('peak_gb')} GB, steady "
+                     f"{c.get('steady_peak_gb')} GB vs estimate sample {e.get('sample', 0):.2f} / update "
+                     f"{e.get('update', 0):.2f}; preset estimate {(c.get('estimate_preset_gb') or {}).get('peak', 0):.1f}"
+                     f" GB; ratio {c.get('first_ratio')}, moved {c.get('weights_moved_share')}, "
+                     f"complete {c.get('complete')}")
+    return "\n".join(lines)
+
+
 def write_json(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str))
@@ -356,18 +389,18 @@ def install_wheels(site: Path, log: Log) -> str | None:
     wheel is a zip: unpacked as it is). Returns the folder to put on PYTHONPATH, or None."""
     wheels = sorted(glob.glob(str(ROOT / ".whl" / "*.whl")))
     if not wheels:
-        log.write("setup", "no wheels in .whl/")
+        log.write("setup", "no wheels in .whl/", echo=True)
         return None
     site.mkdir(parents=True, exist_ok=True)
     cmd = [PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
            "--upgrade", "--target", str(site), *wheels]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
-        log.write("setup", f"pip failed ({r.stderr.strip()[-300:]}); unpacking the wheels instead")
+        log.write("setup", f"pip failed ({r.stderr.strip()[-300:]}); unpacking the wheels instead", echo=True)
         for w in wheels:
             with zipfile.ZipFile(w) as z:
                 z.extractall(site)
-    log.write("setup", f"installed into {site}: {', '.join(Path(w).name for w in wheels)}")
+    log.write("setup", f"installed into {site}: {', '.join(Path(w).name for w in wheels)}", echo=True)
     return str(site)
 
 
@@ -391,7 +424,7 @@ def main(argv=None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     log = Log(out / "gpu_suite.log", t0)
-    log.write("setup", f"budget {budget:.0f} s, OUT {out}, {'CPU smoke run' if smoke else 'CUDA'}")
+    log.write("setup", f"budget {budget:.0f} s, OUT {out}, {'CPU smoke run' if smoke else 'CUDA'}", echo=True)
 
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false",
@@ -420,8 +453,10 @@ def main(argv=None) -> int:
     for p in phase2:
         runner.wait(runner.start(p))
         save()
-    save()
+    res = combine(machine, phase1, phase2, work, out, budget, t0, smoke)
+    write_json(out / "gpu_suite.json", res)
     log.write("setup", f"done in {time.monotonic() - t0:.0f} s ({log.dropped} log lines dropped)")
+    print(headline(res), flush=True)
     failed = [p["name"] for p in phase1 + phase2 if p["result"]["status"] != "ok"]
     print(f"gpu suite: {time.monotonic() - t0:.0f} s; " + (f"not ok: {', '.join(failed)}" if failed else "all ok")
           + f"; {out / 'gpu_suite.json'}")
