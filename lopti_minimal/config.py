@@ -340,7 +340,7 @@ PRESETS: dict[str, dict] = {
     # GPU each is sized for). What bounds memory (plumbing.memory_estimate_gb, docs/GPU.md table):
     # the KV cache of a rollout (64 x 8 responses of 4.5k tokens at once would need 40-85 GB,
     # hence rollout_chunk prompts per sampling call), the float32 [rows, 4096, 151,936]
-    # logits of a micro-batch (~5.5 GB per response with their gradient, hence
+    # logits of a micro-batch (~5 GB per response with their gradient, hence
     # micro-batches of 1), and the evaluation's KV cache (eval_batch_size).
     "qwen2.5-0.5b": dict(_REF, model="Qwen/Qwen2.5-0.5B-Instruct", micro_batch_size=1, rollout_chunk=16,
                          eval_batch_size=64),

@@ -48,6 +48,19 @@ def add_lora(model, rank: int, seed: int = 0):
         return peft.get_peft_model(model, config)
 
 
+def adapter_parameters(config, rank: int) -> int:
+    """The parameters ``add_lora`` trains on a Llama/Qwen2-style model of ``config`` (a
+    transformers config), without building it: rank x (in + out) for each TARGETS
+    projection of every layer (what the GPU memory estimate counts; tested against peft)."""
+    h, inter = config.hidden_size, config.intermediate_size
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    d = getattr(config, "head_dim", None) or h // heads
+    shapes = {"q_proj": (h, heads * d), "k_proj": (h, kv * d), "v_proj": (h, kv * d),
+              "o_proj": (heads * d, h), "gate_proj": (h, inter), "up_proj": (h, inter),
+              "down_proj": (inter, h)}
+    return config.num_hidden_layers * sum(rank * (i + o) for i, o in (shapes[t] for t in TARGETS))
+
+
 def is_lora(model) -> bool:
     return hasattr(model, "peft_config")
 

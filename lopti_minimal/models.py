@@ -124,12 +124,18 @@ def chatml_tokenizer(tokenizer):
     return tok
 
 
-def random_qwen2(tokenizer, shape: str = "scaled-down", vocab_size: int | None = None, seed: int = 0):
+def random_qwen2(tokenizer, shape: str = "scaled-down", vocab_size: int | None = None, seed: int = 0,
+                 device=None, dtype: torch.dtype | None = None):
     """A randomly initialised ``Qwen2ForCausalLM`` of a named shape (QWEN2_SHAPES), with
     ``tokenizer``'s special ids. ``vocab_size`` may exceed the tokenizer (Qwen's 151,936
     rows, for realistic logits memory). At least 64 spare rows, rounded to a multiple of
     64, as Qwen2.5 has (151,936 rows for 151,665 tokens): loaded next to a Qwen2 config,
-    transformers reads the tokenizer as a Qwen2 one, which adds ``<|endoftext|>``."""
+    transformers reads the tokenizer as a Qwen2 one, which adds ``<|endoftext|>``.
+    ``device``, ``dtype`` (default: the CPU, float32): where and in which dtype the weights
+    are created and initialised, as transformers' loader creates them: a GPU draws a 3B
+    model's weights in about a second where a CPU's generator takes tens of seconds, and a
+    bf16 model never holds a float32 copy. The values differ between devices (their
+    generators differ), their distribution and the shapes do not."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     if shape not in QWEN2_SHAPES:
         raise ModelLoadError(f"unknown shape {shape!r}: choose one of {', '.join(QWEN2_SHAPES)}")
@@ -139,7 +145,13 @@ def random_qwen2(tokenizer, shape: str = "scaled-down", vocab_size: int | None =
                       pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa",
                       **QWEN2_SHAPES[shape])
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(cfg)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float32)      # what the parameters are created in
+    try:
+        with torch.device(device or "cpu"):
+            return Qwen2ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

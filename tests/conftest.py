@@ -12,7 +12,13 @@ import itertools
 import os
 from pathlib import Path
 
-import torch
+# cuBLAS sums deterministically only with a fixed workspace, which it reads when its handle
+# is created (the first matmul on a GPU): set before any test runs, for the CUDA variants
+# of the tests, which run under torch's deterministic algorithms (`_deterministic_on_cuda`).
+# Without a GPU nothing reads it.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ.get("LOPTI_TEST_THREADS", "2")))
 
@@ -77,6 +83,57 @@ def smollm2_dir():
     return fetch.DEFAULT_OUT
 
 
+# ---------------------------------------------------------------------------------------
+# Devices. The tests where the device matters (precision, sampling, the GRPO and Lopti
+# updates, the GPU presets' code path) take `device` from DEVICES: the CPU always, and
+# CUDA where a GPU is visible, marked `cuda` (`pytest -m cuda` runs those alone). Without
+# a GPU the list is ["cpu"]: no test is added or skipped.
+# ---------------------------------------------------------------------------------------
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])
+
+# float32 log-probs of the same tokens computed by two different kernels on CUDA agree to
+# about this. On a CPU the sampler's one-token forward and the teacher-forced forward run
+# the same kernels and agree to ~1e-5; on CUDA cuBLAS picks its GEMM algorithm by shape and
+# SDPA another kernel for one query than for a sequence, so every sum runs in another
+# order. The tiny test model's logits are |z| <= ~10 (max 9.6 at init 0.4), stored to half
+# an ulp, 2^-21 ~ 5e-7; the ~20 sums from the embedding to a logit (2 layers: q, k, v,
+# attention, o, gate, up, down, the norms, the head) each round anew: ~1e-5 on a logit,
+# twice that in z_tok - logsumexp(z), divided by T = 0.7: ~3e-5. Hence 1e-4.
+CUDA_F32_LOGPROB_TOL = 1e-4
+# Gradients accumulated in another order (micro-batches, stage masks) on CUDA, relative to
+# the largest entry: a weight's gradient sums ~300 products (12 rows x ~24 positions);
+# reordering that sum moves it by up to ~300 x 2^-24 ~ 2e-5 of the sum of the magnitudes,
+# which cancellation can make several times the entry itself. Hence 1e-4 (the CPU's
+# shared kernels keep the tests' 1e-5).
+CUDA_F32_GRAD_RTOL = 1e-4
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: the CUDA variant of a test parametrized by conftest.DEVICES "
+                                       "(pytest -m cuda runs them alone)")
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_on_cuda(request):
+    """A test's CUDA variant runs under torch's deterministic algorithms: some CUDA kernels
+    (the embedding's and attention's backward) add in an order that changes from run to
+    run, and the tests compare gradients bit for bit (a Lopti stage blind to the other
+    stage's tokens gives *equal* gradients). The CPU variants are untouched."""
+    if request.node.get_closest_marker("cuda") is None:
+        yield
+        return
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def generator(device, seed: int = 0) -> torch.Generator:
+    """A seeded torch.Generator on ``device``: the sampler draws on the model's device."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 @pytest.fixture
 def eager_compile(monkeypatch):
     """torchao compiles its optimizer step with torch.compile; on a 2-core CPU that takes
@@ -104,16 +161,17 @@ def load_script(relpath: str):
 EOS, PAD, BOS = 1, 0, 2
 
 
-def tiny_llama(seed=0, init=0.4):
+def tiny_llama(seed=0, init=0.4, device="cpu"):
     """A random 2-layer Llama; `init` (the weights' std) 0.4 makes its distributions peaked
-    enough to give a spread of token probabilities over all bins and some sampled EOS."""
+    enough to give a spread of token probabilities over all bins and some sampled EOS.
+    Initialised on the CPU, then moved to ``device``: the same weights on every device."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=128, bos_token_id=BOS, eos_token_id=EOS,
                       pad_token_id=PAD, initializer_range=init, tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(cfg).to(device)
 
 
 def update_batch(rollout, advantages, ref=None, cfg=None):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import BOS, EOS, PAD, ROOT
 from conftest import tiny_llama as _tiny_llama
 from lopti_minimal import decode
-from lopti_minimal.sampling import left_pad, position_ids_from_mask, sample_groups
+from lopti_minimal.sampling import _cache_kwarg, left_pad, position_ids_from_mask, sample_groups
 
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]   # unequal: left padding
 
@@ -59,7 +59,7 @@ def lean_logits(model, prompt_ids, response, group_size=1, autocast_dtype=None):
     with torch.no_grad():
         dec = decode.LeanDecoder(model, B, P + R, autocast_dtype)
         pos = position_ids_from_mask(mask)
-        out = [dec.prefill(ids, mask, pos, "cache", group_size)]
+        out = [dec.prefill(ids, mask, pos, _cache_kwarg(model), group_size)]
         nxt = pos[:, -1] + 1
         with torch.autocast("cpu", enabled=False):
             for t in range(R - 1):
@@ -356,7 +356,7 @@ def test_compaction_moves_kept_rows_to_smaller_buffers(group_size):
     def run(compact_to=None):
         with torch.no_grad():
             dec = decode.LeanDecoder(model, B, P + 4, None)
-            dec.prefill(ids, mask, pos, "cache", group_size)
+            dec.prefill(ids, mask, pos, _cache_kwarg(model), group_size)
             dec.step(steps[:, 0], pos[:, -1] + 1)
             rows = torch.arange(B)
             if compact_to is not None:

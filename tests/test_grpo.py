@@ -1,5 +1,6 @@
 """GRPO, and the known pitfalls of GRPO implementations (zero-variance groups, temperature,
-masks, gradient accumulation, the k3 KL)."""
+masks, gradient accumulation, the k3 KL). The update's tests where the device matters run
+on every device of conftest.DEVICES."""
 import copy
 import math
 from dataclasses import replace
@@ -13,7 +14,8 @@ from lopti_minimal.grpo import (agg_loss, group_advantages, grpo_update, kl_k3, 
 from lopti_minimal.precision import build_optimizer
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
-from conftest import BOS, EOS, PAD, tiny_llama, update_batch, with_ref
+from conftest import (BOS, CUDA_F32_GRAD_RTOL, CUDA_F32_LOGPROB_TOL, DEVICES, EOS, PAD, generator,
+                      tiny_llama, update_batch, with_ref)
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]
 G = 4
 
@@ -38,11 +40,11 @@ def flat(grads):
 
 
 def rollout_batch(model, seed=0, temperature=0.7):
+    """A sampled batch on the model's device, with fixed rewards' group advantages."""
     r = sample_groups(model, PROMPTS, group_size=G, max_new_tokens=12, temperature=temperature,
-                      eos_token_id=EOS, pad_token_id=PAD,
-                      generator=torch.Generator().manual_seed(seed))
+                      eos_token_id=EOS, pad_token_id=PAD, generator=generator(model.device, seed))
     rewards = torch.tensor([3.0, -0.5, -1.0, 3.0,  -3.0, -3.0, -3.0, -3.0,  3.0, -1.0, -0.5, -0.5])
-    return r, update_batch(r, group_advantages(rewards, G))
+    return r, update_batch(r, group_advantages(rewards, G).to(model.device))
 
 
 # ------------------------------------------------------------------ advantages
@@ -158,27 +160,32 @@ def test_token_mean_vs_seq_mean_token_mean():
 
 # ------------------------------------------------------------------ pitfalls
 
-def test_token_logprobs_match_sampler_at_temperature():
-    model = tiny_llama().eval()
+@pytest.mark.parametrize("device", DEVICES)
+def test_token_logprobs_match_sampler_at_temperature(device):
+    model = tiny_llama(device=device).eval()
     for T in (0.7, 1.0):
         r, b = rollout_batch(model, temperature=T)
         with torch.no_grad():
             lp = token_logprobs(model, r.input_ids, r.attention_mask, r.prompt_len, T)
         m = r.response_mask > 0
-        assert (lp[m] - r.old_logprobs[m]).abs().max() < 1e-4
+        assert (lp[m] - r.old_logprobs[m]).abs().max() < (1e-4 if device == "cpu" else CUDA_F32_LOGPROB_TOL)
     # the wrong temperature is visibly wrong: the test can fail
     with torch.no_grad():
         lp1 = token_logprobs(model, r.input_ids, r.attention_mask, r.prompt_len, 0.7)
     assert (lp1[m] - r.old_logprobs[m]).abs().max() > 1e-2
 
 
-def test_ratio_exactly_one_at_first_update():
-    model = tiny_llama()
+@pytest.mark.parametrize("device", DEVICES)
+def test_ratio_exactly_one_at_first_update(device):
+    model = tiny_llama(device=device)
     r, b = rollout_batch(model)
     ref = copy.deepcopy(model)
     cfg = TrainConfig(lr=1e-3, mini_batch_size=len(b.input_ids), micro_batch_size=5)
     m = grpo_update(model, build_optimizer(model, cfg), with_ref(b, ref, cfg), cfg)
-    assert abs(m["ratio_min"] - 1) < 1e-5 and abs(m["ratio_max"] - 1) < 1e-5
+    # pi_old from the sampler, pi_theta from the update's forward: equal up to the kernels'
+    # float32 rounding (on CUDA other kernels: conftest.CUDA_F32_LOGPROB_TOL)
+    tol = 1e-5 if device == "cpu" else CUDA_F32_LOGPROB_TOL
+    assert abs(m["ratio_min"] - 1) < tol and abs(m["ratio_max"] - 1) < tol
     assert m["clip_frac"] == 0 and m["n_steps"] == 1
     # KL against an identical frozen reference is zero
     assert m["kl"] < 1e-8
@@ -194,22 +201,24 @@ def _grad(model, b, cfg, ref=None, **kw):
     return flat(opt.grads[0])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batches_reproduce_whole_batch_gradient(mode):
-    model = tiny_llama()
+def test_micro_batches_reproduce_whole_batch_gradient(mode, device):
+    model = tiny_llama(device=device)
     r, b = rollout_batch(model)
     B = len(b.input_ids)
     lengths = r.response_mask.sum(1)
     assert lengths.min() < lengths.max()          # unequal lengths make the test bite
     # A perturbed reference so that the KL term has a gradient too.
-    ref = tiny_llama(seed=1)
+    ref = tiny_llama(seed=1, device=device)
     whole = TrainConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=B, loss_agg_mode=mode,
                         grad_clip=1e9)
     micro = TrainConfig(kl_coef=0.1, mini_batch_size=B, micro_batch_size=5, loss_agg_mode=mode,
                         grad_clip=1e9)
     g_whole = _grad(model, b, whole, ref)
     g_micro = _grad(model, b, micro, ref)
-    assert (g_whole - g_micro).abs().max() <= 1e-5 * g_whole.abs().max()
+    rtol = 1e-5 if device == "cpu" else CUDA_F32_GRAD_RTOL
+    assert (g_whole - g_micro).abs().max() <= rtol * g_whole.abs().max()
     if mode == "token-mean":
         # The reference's mean of per-micro-batch token-means differs when micro-batches
         # hold different numbers of tokens (the reason "global" is the default).
@@ -307,11 +316,12 @@ def test_two_ppo_epochs_are_two_steps_the_second_from_the_moved_policy():
     assert m2["ratio_max"] > 1 + 1e-4 or m2["ratio_min"] < 1 - 1e-4
 
 
-def test_padding_is_ignored_and_eos_is_trained():
-    model = tiny_llama()
+@pytest.mark.parametrize("device", DEVICES)
+def test_padding_is_ignored_and_eos_is_trained(device):
+    model = tiny_llama(device=device)
     r, b = rollout_batch(model)
     cfg = TrainConfig(kl_coef=0.1, mini_batch_size=12, micro_batch_size=12)
-    ref = tiny_llama(seed=1)
+    ref = tiny_llama(seed=1, device=device)
     g = _grad(model, b, cfg, ref)
     pad = r.response_mask == 0
     assert pad.any()
@@ -337,8 +347,9 @@ def test_pad_equal_to_eos_end_to_end():
     assert _grad(model, b, cfg).norm() > 0
 
 
-def test_zero_advantages_and_identical_ref_give_zero_gradient():
-    model = tiny_llama()
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_advantages_and_identical_ref_give_zero_gradient(device):
+    model = tiny_llama(device=device)
     r, b = rollout_batch(model)
     b = replace(b, advantages=torch.zeros_like(b.advantages))
     cfg = TrainConfig(mini_batch_size=12, micro_batch_size=4)

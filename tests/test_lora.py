@@ -137,3 +137,29 @@ def test_train_with_lora_resumes_exactly(nano_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert any(not torch.equal(wa[k], w0[k]) for k in wa)
     assert all(torch.equal(wa[k], w0[k]) for k in wa if "embed" in k or "norm" in k)   # not adapted
+
+
+def test_adapter_parameters_count_what_peft_trains():
+    """lora.adapter_parameters (the GPU memory estimate's count, no model built) equals the
+    trainable parameters of add_lora on a Llama (multi-head) and a scaled-down Qwen2
+    (grouped-query attention, biases on q/k/v that LoRA leaves frozen); the estimate then
+    counts gradients and optimizer state for those alone, in float32."""
+    from transformers import AutoTokenizer
+    from conftest import ROOT
+    from lopti_minimal import models, plumbing
+    from lopti_minimal.lora import adapter_parameters
+    tok = models.chatml_tokenizer(AutoTokenizer.from_pretrained(ROOT / "checkpoints" / "tiny-warm"))
+    for base in (tiny_llama(), models.random_qwen2(tok, "scaled-down")):
+        for rank in (4, 16):
+            m = add_lora(copy.deepcopy(base), rank)
+            trained = sum(p.numel() for p in m.parameters() if p.requires_grad)
+            assert adapter_parameters(base.config, rank) == trained, (type(base).__name__, rank)
+            assert all(p.dtype == torch.float32 for p in m.parameters() if p.requires_grad)
+    full = plumbing.memory_estimate_gb(3e9, 36, 2, 128, 151936, 16, 4500, 1, optimizer="adamw8bit",
+                                       weights="bfloat16", new_tokens=4096)
+    lora = plumbing.memory_estimate_gb(3e9, 36, 2, 128, 151936, 16, 4500, 1, optimizer="adamw8bit",
+                                       weights="bfloat16", new_tokens=4096, lora_params=30e6)
+    assert lora["grads"] == pytest.approx(4 * 30e6 / 1e9) and lora["optimizer"] == pytest.approx(2 * 30e6 / 1e9)
+    assert lora["weights"] == pytest.approx(full["weights"] + 4 * 30e6 / 1e9)
+    assert (lora["reference"], lora["kv_cache"], lora["logits"]) == (full["reference"], full["kv_cache"], full["logits"])
+    assert lora["peak"] < full["peak"] - 10

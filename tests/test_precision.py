@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import DEVICES, ROOT
 from lopti_minimal import plumbing, precision, trainer
 from lopti_minimal.config import PRESETS, TrainError, make_config
 
@@ -18,15 +18,15 @@ TINY = str(ROOT / "checkpoints" / "tiny-warm")
 
 
 def kept_share(cfg) -> float:
-    """One optimizer step of cfg's policy on the tiny model with gradients of ~1e-3: its
-    update projected on the float32 AdamW update from the same weights and gradients,
-    <d, d32> / <d32, d32> (1 = all of it kept)."""
+    """One optimizer step of cfg's policy on the tiny model (on cfg.device) with gradients
+    of ~1e-3: its update projected on the float32 AdamW update from the same weights and
+    gradients, <d, d32> / <d32, d32> (1 = all of it kept)."""
     model, _ = plumbing.load_policy(cfg)
     w0 = [p.detach().float().clone() for p in model.parameters()]
     opt = precision.build_optimizer(model, cfg)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)      # drawn on the CPU: the same gradients on every device
     for p in model.parameters():
-        p.grad = (torch.randn(p.shape, generator=gen) * 1e-3).to(p.dtype)
+        p.grad = (torch.randn(p.shape, generator=gen) * 1e-3).to(p.device, p.dtype)
     # The float32 reference: the same starting values and gradients, torch's AdamW.
     ref = [torch.nn.Parameter(w.clone()) for w in w0]
     for r, p in zip(ref, model.parameters()):
@@ -41,31 +41,37 @@ def kept_share(cfg) -> float:
     return num / den
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_every_preset_keeps_an_lr_1e6_update(preset, eager_compile):
-    cfg = make_config(preset, model=TINY, device="cpu", lr=1e-6)
+def test_every_preset_keeps_an_lr_1e6_update(preset, device, eager_compile):
+    """On CUDA too (torchao's 8-bit AdamW and its stochastic rounding on the GPU: the same
+    math, run eagerly here as on the CPU; scripts/gpu_check.py runs it compiled)."""
+    cfg = make_config(preset, model=TINY, device=device, lr=1e-6)
     share = kept_share(cfg)
     assert 0.9 <= share <= 1.1, (preset, cfg.dtype, cfg.optimizer, share)
 
 
-def test_bf16_weights_under_plain_adamw_lose_the_update_and_are_refused():
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_weights_under_plain_adamw_lose_the_update_and_are_refused(device):
     with pytest.raises(TrainError, match="round small updates away"):
-        make_config("qwen2.5-0.5b", model=TINY, device="cpu", dtype="bfloat16")
+        make_config("qwen2.5-0.5b", model=TINY, device=device, dtype="bfloat16")
     # Built past the check: bf16 weights under plain AdamW keep almost nothing.
-    cfg = dataclasses.replace(make_config("qwen2.5-0.5b", model=TINY, device="cpu", lr=1e-6), dtype="bfloat16")
+    cfg = dataclasses.replace(make_config("qwen2.5-0.5b", model=TINY, device=device, lr=1e-6), dtype="bfloat16")
     assert kept_share(cfg) < 0.1
 
 
-def test_gpu_presets_train_float32_or_stochastically_rounded_weights():
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpu_presets_train_float32_or_stochastically_rounded_weights(device):
     for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"):
         c = make_config(name)
         assert c.device == "cuda" and c.autocast_bf16 and c.ref_dtype == "bfloat16"
         assert precision.master_dtype(c) == torch.float32 or c.optimizer in precision.STOCHASTIC_ROUNDING
-    # The reference copy may be bf16; the trained weights stay float32.
-    cfg = make_config("qwen2.5-0.5b", model=TINY, device="cpu")
+    # The reference copy may be bf16; the trained weights stay float32, both on the device.
+    cfg = make_config("qwen2.5-0.5b", model=TINY, device=device)
     model, _ = plumbing.load_policy(cfg)
     ref = precision.reference_copy(model, precision.ref_dtype(cfg))
     assert next(model.parameters()).dtype == torch.float32 and next(ref.parameters()).dtype == torch.bfloat16
+    assert next(model.parameters()).device.type == next(ref.parameters()).device.type == device
     assert not any(p.requires_grad for p in ref.parameters())
 
 

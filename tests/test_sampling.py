@@ -1,17 +1,20 @@
 """Grouped sampling: greedy equals transformers `generate`,
-sampled log-probs equal a fresh teacher-forced forward, EOS / padding masks, layout."""
+sampled log-probs equal a fresh teacher-forced forward, EOS / padding masks, layout.
+The tests where the device matters (the generator, the KV cache, compaction's indexing,
+autocast's device type) run on every device of conftest.DEVICES."""
+import pytest
 import torch
 
-from conftest import BOS, EOS, PAD
+from conftest import BOS, CUDA_F32_LOGPROB_TOL, DEVICES, EOS, PAD, generator
 from conftest import tiny_llama as _tiny_llama
 from lopti_minimal.sampling import position_ids_from_mask, sample_groups
 
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]   # unequal: left padding
 
 
-def tiny_llama(seed=0, init=0.4):
+def tiny_llama(seed=0, init=0.4, device="cpu"):
     """conftest.tiny_llama in eval mode."""
-    return _tiny_llama(seed, init).eval()
+    return _tiny_llama(seed, init, device).eval()
 
 
 def teacher_forced_logprobs(model, r, temperature):
@@ -25,7 +28,7 @@ def teacher_forced_logprobs(model, r, temperature):
 
 def _sample(model, seed=0, **kw):
     args = dict(group_size=4, max_new_tokens=16, temperature=0.7, eos_token_id=EOS,
-                pad_token_id=PAD, generator=torch.Generator().manual_seed(seed))
+                pad_token_id=PAD, generator=generator(model.device, seed))
     args.update(kw)
     return sample_groups(model, PROMPTS, **args)
 
@@ -58,13 +61,14 @@ def test_greedy_stops_at_eos_like_generate():
     assert torch.equal(gen[:, P:], r.response_ids)
 
 
-def test_sampled_logprobs_equal_teacher_forced_forward():
-    model = tiny_llama()
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_logprobs_equal_teacher_forced_forward(device):
+    model = tiny_llama(device=device)
     for kw in (dict(temperature=0.7), dict(temperature=1.3, top_p=0.8, top_k=10)):
         r = _sample(model, **kw)
         tf = teacher_forced_logprobs(model, r, kw["temperature"])
         m = r.response_mask > 0
-        assert (tf[m] - r.old_logprobs[m]).abs().max() < 1e-4
+        assert (tf[m] - r.old_logprobs[m]).abs().max() < (1e-4 if device == "cpu" else CUDA_F32_LOGPROB_TOL)
         assert (r.old_logprobs[~m] == 0).all()
 
 
@@ -87,14 +91,15 @@ def _check_masks(r):
         ids = r.response_ids[row].tolist()
         n = ids.index(EOS) + 1 if EOS in ids else R
         stopped += EOS in ids
-        expect = torch.tensor([1.0] * n + [0.0] * (R - n))
+        expect = torch.tensor([1.0] * n + [0.0] * (R - n), device=r.response_mask.device)
         assert torch.equal(r.response_mask[row], expect), row
         assert torch.equal(r.attention_mask[row, r.prompt_len:].float(), expect)
     return stopped
 
 
-def test_eos_in_mask_padding_out():
-    model = tiny_llama()
+@pytest.mark.parametrize("device", DEVICES)
+def test_eos_in_mask_padding_out(device):
+    model = tiny_llama(device=device)
     r = _sample(model)
     stopped = _check_masks(r)
     assert 0 < stopped < r.response_ids.shape[0]      # some rows stopped early, some not
@@ -113,14 +118,16 @@ def test_pad_equal_to_eos_keeps_eos_in_mask():
     assert torch.equal(r.old_logprobs, r0.old_logprobs)
 
 
-def test_group_major_layout_and_determinism():
-    model = tiny_llama()
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_major_layout_and_determinism(device):
+    model = tiny_llama(device=device)
     r = _sample(model)
     G, P = 4, r.prompt_len
     assert r.input_ids.shape[0] == len(PROMPTS) * G and r.group_size == G
+    assert r.input_ids.device == r.old_logprobs.device == model.device
     for g, p in enumerate(PROMPTS):
         rows = r.input_ids[g * G:(g + 1) * G, :P]
-        assert (rows[:, P - len(p):] == torch.tensor(p)).all()       # left padded
+        assert (rows[:, P - len(p):] == torch.tensor(p, device=device)).all()       # left padded
         assert (rows[:, :P - len(p)] == PAD).all()
         assert (r.attention_mask[g * G:(g + 1) * G, :P].sum(1) == len(p)).all()
     assert len({tuple(x) for x in r.response_ids.tolist()}) > len(PROMPTS)   # diverse
@@ -147,10 +154,14 @@ def test_static_and_dynamic_cache_agree():
     assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
 
 
-def test_compaction_of_stopped_rows_changes_nothing_greedy():
+@pytest.mark.parametrize("device", DEVICES)
+def test_compaction_of_stopped_rows_changes_nothing_greedy(device):
     """Dropping stopped rows from the batch and the KV cache (compact=True, the default)
-    gives exactly the rollout of the uncompacted loop, with static and dynamic caches."""
-    model = tiny_llama(init=0.1)
+    gives exactly the rollout of the uncompacted loop, with static and dynamic caches.
+    On CUDA too: greedy tokens are argmaxes, which rounding moves only at a near-tie (none
+    here: the test would fail, deterministically, if one appeared); log-probs to float32
+    rounding."""
+    model = tiny_llama(init=0.1, device=device)
     with torch.no_grad():
         model.lm_head.weight[EOS] = model.lm_head.weight[40] * 1.05
     prompts = PROMPTS + [[BOS, 20 + i, 30 + i] for i in range(5)]
@@ -167,7 +178,9 @@ def test_compaction_of_stopped_rows_changes_nothing_greedy():
         assert lengths.min() < lengths.max()          # rows stopped at different steps
         for name in ("input_ids", "attention_mask", "response_ids", "response_mask"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
-        assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
+        # compaction changes the batch's shape, so on CUDA the kernels (conftest)
+        assert torch.allclose(a.old_logprobs, b.old_logprobs,
+                              atol=1e-5 if device == "cpu" else CUDA_F32_LOGPROB_TOL)
 
 
 def test_compacted_sampling_keeps_logprobs_exact():
@@ -185,17 +198,22 @@ def test_compacted_sampling_keeps_logprobs_exact():
     assert (r.response_mask[:, 1:] <= r.response_mask[:, :-1]).all()
 
 
-def test_bf16_kv_cache_under_cpu_autocast_is_bit_identical(monkeypatch):
-    """Under CPU bf16 autocast the static cache stores keys and values in bf16 (so attention
-    does not re-cast a float32 key cache at every step), and samples exactly what the
-    float32-key cache sampled: the same tokens and the same log-probs, bit for bit."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_kv_cache_under_autocast_is_bit_identical(device, monkeypatch):
+    """Under bf16 autocast (CPU or CUDA: the device's own autocast) the static cache stores
+    keys and values in bf16 (so attention does not re-cast a float32 key cache at every
+    step), and samples exactly what a float32 cache sampled: the same tokens and the same
+    log-probs, bit for bit (autocast hands attention bf16 either way). The float32 cache is
+    what transformers allocates for the float32 keys (the rotary embedding's output); its
+    values are stored in float32 too, as some transformers 5.x releases allocate them in
+    the keys' dtype (a bf16 value round-trips through float32 exactly)."""
     import lopti_minimal.sampling as S
-    model = tiny_llama()
+    model = tiny_llama(device=device)
     caches, store = [], S._store_kv_in
     monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: (caches.append(c), store(c, dt)))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         a = _sample(model, decoder="hf")
-        monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: None)
+        monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: store(c, torch.float32))
         b = _sample(model, decoder="hf")
     assert caches and all(layer.keys.dtype == torch.bfloat16 for layer in caches[0].layers)
     assert torch.equal(a.response_ids, b.response_ids)

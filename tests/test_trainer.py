@@ -258,6 +258,11 @@ def test_memory_estimate_follows_the_precision_policy():
     low = plumbing.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, optimizer="adamw8bit",
                                       weights="bfloat16")
     assert (low["weights"], low["optimizer"]) == (1.0, 1.0) and low["peak"] < small["peak"]
+    # The update's logits cover the response's positions only (token_logprobs asks for
+    # new_tokens + 1): without new_tokens, all of seq (the upper bound).
+    resp = plumbing.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, new_tokens=4096)
+    assert resp["logits"] == pytest.approx(2 * 4097 * 151936 * 4 / 1e9) and small["logits"] > resp["logits"]
+    assert resp["kv_cache"] == small["kv_cache"]                 # the KV cache holds the prompt too
     # Every GPU preset fits the GPU it is sized for (benchmarks/memory_table.py's rows).
     mt = load_script("benchmarks/memory_table.py")
     for name, cfg, m in mt.rows():
