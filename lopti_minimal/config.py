@@ -41,6 +41,8 @@ PAPER_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
 METHODS = PAPER_METHODS + TOKEN_FIXES
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOPTI_ORDERS = ("low_first", "high_first")
+# Lopti's first stage: the tokens with pi_old < eta (Algorithm 1), or as many drawn at random
+LOPTI_SPLITS = ("probability", "random")
 # The decode step of sampling (sampling.sample_groups, decode.py): auto = lean on a CPU
 DECODERS = ("auto", "hf", "lean")
 # The paper's K&K settings per method (Yang et al. 2025 and the reference's launch scripts).
@@ -117,6 +119,11 @@ class TrainConfig:
                                "(default: the paper's, 0.4 for lopti, 0.5 for ar_lopti)", type=float)
     lopti_order: str = option("low_first", "Lopti stage order: low_first (Algorithm 1) | "
                               "high_first (the reversed ablation)", choices=LOPTI_ORDERS)
+    # Not in the paper: a random first stage of the same size isolates the criterion
+    # pi_old < eta from the two-stage update itself (lopti.py, choice 5)
+    lopti_split: str = option("probability", "Lopti's first stage: probability (pi_old < eta, "
+                              "Algorithm 1) | random (as many tokens, drawn at random: the "
+                              "criterion's control)", choices=LOPTI_SPLITS)
     # GRPO's group baseline (paper section 2), or REINFORCE++ = batch-whitened returns
     # (grpo.reinforce_pp_advantages): the reference offers both for every K&K script.
     estimator: str = option("grpo", "advantage estimator: grpo (group baseline) | reinforce_pp "
@@ -404,6 +411,8 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"unknown decoder {cfg.decoder!r}: choose one of {', '.join(DECODERS)}")
     if cfg.lopti_order not in LOPTI_ORDERS:
         raise TrainError(f"lopti order must be low_first or high_first, got {cfg.lopti_order!r}")
+    if cfg.lopti_split not in LOPTI_SPLITS:
+        raise TrainError(f"lopti split must be probability or random, got {cfg.lopti_split!r}")
     if cfg.group_size < 2:
         raise TrainError(f"group size must be >= 2 (GRPO compares responses within a group), got {cfg.group_size}")
     for name in ("steps", "prompts_per_step", "max_new_tokens", "max_prompt_len", "rl_per_size",

@@ -94,7 +94,7 @@ def test_config_from_json_reads_older_configs():
 @pytest.mark.parametrize("kw, words", [
     (dict(method="ppo"), "unknown method"), (dict(alpha=1.5), "alpha"), (dict(alpha=-0.1), "alpha"),
     (dict(eta=0.0), "eta"), (dict(eta=1.01), "eta"), (dict(group_size=1), "group size"),
-    (dict(steps=0), "steps"), (dict(ppo_epochs=0), "ppo-epochs")])
+    (dict(steps=0), "steps"), (dict(ppo_epochs=0), "ppo-epochs"), (dict(lopti_split="entropy"), "lopti split")])
 def test_bad_config_is_rejected(kw, words):
     with pytest.raises(TrainError, match=words):
         make_config("cpu-tiny", **kw)
@@ -203,6 +203,24 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
     wa = AutoModelForCausalLM.from_pretrained(a["paths"]["final_model"]).state_dict()
     wb = AutoModelForCausalLM.from_pretrained(b["paths"]["final_model"]).state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_random_split_samples_what_the_probability_split_samples(nano_dir, tmp_path):
+    """Lopti's random split (the criterion's control) draws from a generator of its own: a
+    run with it samples the same step-1 rollout as the faithful run (same rewards, lengths,
+    pi_old), and only the update differs."""
+    out = {}
+    for split in ("probability", "random"):
+        # the nano model is random (pi_old ~ 1/400): eta 0.003 splits its tokens about 3:1
+        cfg = small_cfg(nano_dir, tmp_path / split, method="lopti", eta=0.003, lopti_split=split, steps=2)
+        out[split] = trainer.train(cfg, reward_fn=length_reward, log=lambda s: None)["metrics"]
+        assert json.loads((tmp_path / split / "run" / "run.json").read_text())["config"]["lopti_split"] == split
+    a, b = out["probability"][0], out["random"][0]
+    sampled = ("reward", "accuracy", "response_len", "max_len", "tokens", "derive_share", "kl",
+               "low_fraction", "nll", "bin_share", "zero_adv_groups")
+    assert {k: a[k] for k in sampled} == {k: b[k] for k in sampled}
+    assert 0 < a["low_fraction"] < 1 and a["tokens"] > 0                     # both stages had tokens
+    assert a["grad_norm"] != b["grad_norm"] and a["rise_pos"] != b["rise_pos"]   # the update differs
 
 
 def test_keep_checkpoints_zero_keeps_every_checkpoint(nano_dir, tmp_path):
