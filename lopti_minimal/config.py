@@ -136,6 +136,11 @@ class TrainConfig:
     # From the shipped warm start 1e-4 selects the derivations within about 10 steps at a
     # k3 KL of ~0.02/token; at 2e-4 a warm start drifted to 0.38/token in 6 steps.
     lr: float = option(1e-4, "AdamW learning rate")
+    # The optimizer's step is lr x lr_scale (`optimizer_lr`). Only the study sets the scale,
+    # for its step-size control (GRPO at twice the learning rate): lr then stays the value
+    # every run of a comparison shares and the factor is recorded in run.json. Elsewhere
+    # change lr itself (the same computation).
+    lr_scale: float = option(1.0)
     adam_betas: tuple = option((0.9, 0.999))    # verl's AdamW default betas
     weight_decay: float = option(0.01, "AdamW weight decay")    # verl's AdamW default
     grad_clip: float = option(1.0, "gradient-norm clip")       # reference actor.grad_clip
@@ -305,6 +310,11 @@ class TrainConfig:
         return uses_lopti(self.method)
 
     @property
+    def optimizer_lr(self) -> float:
+        """The learning rate the optimizer steps with: lr x lr_scale."""
+        return self.lr * self.lr_scale
+
+    @property
     def low_eta(self) -> float:
         """The threshold of the logged `low_fraction`: eta, or LOW_FRACTION_ETA without Lopti."""
         return self.eta if self.uses_lopti else LOW_FRACTION_ETA
@@ -421,8 +431,8 @@ def validate(cfg: TrainConfig) -> None:
             raise TrainError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.temperature <= 0:
         raise TrainError(f"temperature must be > 0, got {cfg.temperature}")
-    if not cfg.lr > 0:
-        raise TrainError(f"lr must be > 0, got {cfg.lr}")
+    if not cfg.lr > 0 or not cfg.lr_scale > 0:
+        raise TrainError(f"lr and lr-scale must be > 0, got {cfg.lr}, {cfg.lr_scale}")
     if not cfg.kl_log_ratio_clamp > 0 or cfg.kl_log_ratio_clamp > 20:
         raise TrainError(f"kl-log-ratio-clamp must lie in (0, 20] (5 = the reference fork, 20 = "
                          f"current verl), got {cfg.kl_log_ratio_clamp}")

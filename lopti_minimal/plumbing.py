@@ -225,7 +225,7 @@ class Run:
         p = next(model.parameters())
         self.log(f"[run] {self.dir}\n[run] model {cfg.model} ({count_parameters(model):,} params, "
                  f"{p.dtype}, {p.device}), method {cfg.method}, "
-                 f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr:g}, T {cfg.temperature}, "
+                 f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.optimizer_lr:g}, T {cfg.temperature}, "
                  f"{n_records} RL prompts ({data_path}), threads {torch.get_num_threads()}")
         self.writer = _tensorboard(cfg, self.dir)
         if cfg.eval_before and self.start_step == 0:

@@ -54,7 +54,7 @@ TRL_MAPPING = (
     ("top_p, top_k", "top_p, top_k", "1.0 and 0: no filtering (the reference)"),
     ("max_new_tokens", "max_completion_length", "response budget"),
     ("(keep truncated)", "mask_truncated_completions=False", "a truncated response is trained on, as ours"),
-    ("lr", "learning_rate", "constant schedule, no warm-up (lr_scheduler_type='constant', warmup_steps=0)"),
+    ("lr x lr_scale", "learning_rate", "constant schedule, no warm-up (lr_scheduler_type='constant', warmup_steps=0)"),
     ("weight_decay", "weight_decay", "AdamW (optim='adamw_torch'), betas 0.9 / 0.999"),
     ("grad_clip", "max_grad_norm", "global grad-norm clip per optimizer step"),
     ("eps_low", "epsilon", "lower clip: rho >= 1 - eps_low"),
@@ -146,7 +146,7 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         top_k=cfg.top_k, max_completion_length=cfg.max_new_tokens,
         mask_truncated_completions=False,
         # optimisation
-        learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0,
+        learning_rate=cfg.optimizer_lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_betas[0], adam_beta2=cfg.adam_betas[1],
         optim="adamw_torch",
         max_grad_norm=cfg.grad_clip,

@@ -102,6 +102,21 @@ def test_bad_config_is_rejected(kw, words):
         make_config("nope")
 
 
+def test_lr_scale_multiplies_the_optimizer_s_step_only():
+    """The study's step-size control keeps lr (the setting runs share) and records the factor:
+    the optimizer steps with lr x lr_scale; an old run.json without it reads back as 1."""
+    c = make_config("cpu-tiny", method="grpo", lr_scale=2.0)
+    assert (c.lr, c.optimizer_lr) == (1e-4, 2e-4)
+    model = torch.nn.Linear(2, 2)
+    assert precision.build_optimizer(model, c).param_groups[0]["lr"] == 2e-4
+    assert precision.build_optimizer(model, make_config("cpu-tiny")).param_groups[0]["lr"] == 1e-4
+    old = config_to_json(make_config("cpu-tiny"))
+    del old["lr_scale"]
+    assert config_from_json(old).lr_scale == 1.0
+    with pytest.raises(TrainError, match="lr-scale"):
+        make_config("cpu-tiny", lr_scale=0.0)
+
+
 def test_config_json_round_trip():
     c = make_config("cpu-tiny", seed=3)
     assert config_from_json(json.loads(json.dumps(config_to_json(c)))) == c
