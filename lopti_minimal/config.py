@@ -83,6 +83,17 @@ class TrainError(ValueError):
     """Bad input: the CLI prints it as one line and exits with code 2."""
 
 
+def parse_steps(text: str) -> tuple[int, ...]:
+    """"5,10" -> (5, 10): RL steps, each >= 1."""
+    try:
+        steps = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes RL steps like 5 or 5,10, not {text!r}")
+    if not steps or min(steps) < 1:
+        raise argparse.ArgumentTypeError(f"each step must be >= 1, got {text!r}")
+    return steps
+
+
 def parse_sizes(text: str) -> tuple[int, ...]:
     """"3" or "3,4" -> (3,) or (3, 4): people per puzzle, each 2..8."""
     try:
@@ -280,6 +291,13 @@ class TrainConfig:
     eval_batch_size: int = option(50, "puzzles per generate call in the evaluation")
     final_eval: bool = option(True, "skip the final evaluation", flag="--no-eval")
     eval_before: bool = option(False, "also evaluate the initial policy (eval_before.json)")
+    # Accuracy at fixed budgets along the run, on puzzles outside the official sets (the
+    # study's data/heldout3.jsonl): greedy, with the final evaluation's numerics and budget,
+    # into RUN_DIR/eval_heldout_step<N>.json. It changes no number of the run (tested).
+    heldout_data: str | None = option(None, "a K&K JSON Lines file to evaluate on after the steps "
+                                      "--heldout-steps", type=str)
+    heldout_steps: tuple = option((), "steps after which to evaluate --heldout-data, e.g. 5,10",
+                                  type=parse_steps)
 
     # --- output
     run_dir: str | None = option(None, "where to write the run (default "
@@ -448,6 +466,10 @@ def validate(cfg: TrainConfig) -> None:
         import importlib.util
         if importlib.util.find_spec("peft") is None:
             raise TrainError("lora-rank needs peft: pip install -r requirements-lora.txt")
+    if cfg.heldout_steps and not cfg.heldout_data:
+        raise TrainError("heldout-steps needs --heldout-data (the puzzles to evaluate on)")
+    if any(int(s) < 1 for s in cfg.heldout_steps):
+        raise TrainError(f"heldout-steps must be >= 1, got {cfg.heldout_steps}")
     if min(cfg.save_every, cfg.eval_every, cfg.keep_checkpoints, cfg.grad_shares_every) < 0:
         raise TrainError("save-every, eval-every, keep-checkpoints and grad-shares-every must be >= 0")
 
@@ -468,7 +490,7 @@ MISSING_DEFAULTS = {
     # Runs saved before the decoder was an option sampled with transformers' forward.
     "decoder": "hf",
 }
-_TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas")
+_TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas", "heldout_steps")
 
 
 def config_from_json(d: dict) -> TrainConfig:

@@ -238,6 +238,43 @@ def test_random_split_samples_what_the_probability_split_samples(nano_dir, tmp_p
     assert a["grad_norm"] != b["grad_norm"] and a["rise_pos"] != b["rise_pos"]   # the update differs
 
 
+def test_heldout_evaluations_along_the_run_change_no_number_and_survive_a_resume(nano_dir, tmp_path):
+    """--heldout-data F --heldout-steps 1,2: greedy accuracy on F after steps 1 and 2, in
+    eval.py's format (RUN_DIR/eval_heldout_step<N>.json), and the run's metrics are those of
+    a run without them. Interrupted during step 3 (checkpoint at 2) and resumed, the run has
+    both files and the same metrics."""
+    data = tmp_path / "held.jsonl"             # 4 puzzles of the held-out set
+    data.write_text("".join((ROOT / "data" / "heldout3.jsonl").read_text().splitlines(True)[:4]))
+    plain = trainer.train(small_cfg(nano_dir, tmp_path / "plain", method="lopti", steps=3),
+                          reward_fn=length_reward, log=lambda s: None)["metrics"]
+    cfg = small_cfg(nano_dir, tmp_path / "held", method="lopti", steps=3, heldout_data=str(data),
+                    heldout_steps=(1, 2))
+    calls = {"n": 0}
+
+    def interrupting_reward(text, record):
+        calls["n"] += 1
+        if calls["n"] > 2 * 2 * 4:              # 2 steps x 2 prompts x G=4, then Ctrl-C
+            raise KeyboardInterrupt
+        return length_reward(text, record)
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(cfg, reward_fn=interrupting_reward, log=lambda s: None)
+    run = tmp_path / "held" / "run"
+    assert [s for s, _ in runs.checkpoints(run)] == [2]
+    for step in (1, 2):
+        ev = json.loads((run / runs.heldout_step_file(step)).read_text())
+        assert ev["per_size"]["3"]["n"] == 4 and ev["settings"]["greedy"] and 0 <= ev["overall"]["accuracy"] <= 1
+    held = trainer.train(plumbing.resume_config(run, progress=False), resume=True, reward_fn=length_reward,
+                         log=lambda s: None)["metrics"]
+    assert strip(held) == strip(plain) and len(plain) == 3
+    assert not (run / runs.heldout_step_file(3)).exists()
+    with pytest.raises(TrainError, match="heldout-data"):
+        small_cfg(nano_dir, tmp_path, heldout_steps=(5,))
+    with pytest.raises(TrainError, match="cannot read"):
+        trainer.train(small_cfg(nano_dir, tmp_path / "bad", heldout_data=str(tmp_path / "none.jsonl"),
+                                heldout_steps=(1,)), log=lambda s: None)
+
+
 def test_keep_checkpoints_zero_keeps_every_checkpoint(nano_dir, tmp_path):
     # 0 = keep all (to evaluate the policy along a run), not "keep none".
     cfg = small_cfg(nano_dir, tmp_path, steps=3, save_every=1, keep_checkpoints=0, method="grpo")
