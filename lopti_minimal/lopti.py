@@ -92,7 +92,8 @@ def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
     with pi_old < eta (the size of the random split's first stage too)}.
     """
     low, high = split_by_probability(batch.old_logprobs, batch.response_mask, eta)
-    if split == "random":
+    n_low = float(low.sum())
+    if split == "random":             # the same stage sizes, the criterion gone (choice 5)
         if generator is None:
             raise ValueError("the random split needs its generator (split_generator)")
         low, high = split_at_random(low, batch.response_mask, generator)
@@ -110,4 +111,4 @@ def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
         batch = dataclasses.replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
     m2 = grpo_update(model, optimizer, batch, cfg, token_mask=second, denominator=denominator)
     n_valid = float(batch.response_mask.sum())
-    return {"stage1": m1, "stage2": m2, "low_fraction": float(low.sum()) / max(n_valid, 1.0)}
+    return {"stage1": m1, "stage2": m2, "low_fraction": n_low / max(n_valid, 1.0)}
