@@ -599,6 +599,8 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     text = rep.read_text()
     assert "GRPO+AR+Lopti (α=0.3, η=0.5)" in text and "too few for a confidence interval" in text
     assert "| method | after step 1 | Δ vs GRPO | final (step 2) | Δ vs GRPO |" in text
+    held0 = json.loads((out / "ci" / "warm-start-heldout.json").read_text())["overall"]["accuracy"]
+    assert f"The warm start (step 0) scores {held0:.3f}." in text
     # The starting policy was evaluated once, like the runs, and heads the main table.
     warm = out / "ci" / "warm-start-eval.json"
     acc = json.loads(warm.read_text())["per_size"]["3"]["accuracy"]

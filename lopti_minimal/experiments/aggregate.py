@@ -294,7 +294,7 @@ def aggregate(out, window: int = 5) -> dict:
         if wpath.exists():
             wev = json.loads(wpath.read_text())
             wacc = {str(n): float(v["accuracy"]) for n, v in wev["per_size"].items() if int(n) in sizes}
-            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": portable(wev.get("model") or ""),
+            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": portable(wev["model"]) if wev.get("model") else None,
                     "format_error": _size_mean(wev, "format_error", sizes),
                     "truncated": _size_mean(wev, "truncated", sizes), "tokens": _size_mean(wev, "mean_tokens", sizes)}
             hpath = wpath.with_name("warm-start-heldout.json")

@@ -220,12 +220,12 @@ def _heldout_along_table(table: dict, warm: dict | None, steps: int) -> list[str
         return []
     cols = list(rows[0]["heldout_along"])
     names = [f"after step {c}" if c != "final" else f"final (step {steps})" for c in cols]
+    start = (f" The warm start (step 0) scores {warm['heldout']:.3f}." if warm and warm.get("heldout") is not None
+             else "")
     lines = ["Held-out accuracy along the way (`data/heldout3.jsonl`, 400 three-person puzzles, greedy; the "
              "trainer's evaluation after the steps shown, `eval_heldout_step<N>.json`, and the final policy's): "
-             "mean ± 95% t half-width over seeds, and the paired difference from GRPO:", "",
+             "mean ± 95% t half-width over seeds, and the paired difference from GRPO." + start, "",
              "| method | " + " | ".join(f"{t} | Δ vs GRPO" for t in names) + " |", "|---|" + "---|---|" * len(cols)]
-    if warm and warm.get("heldout") is not None:      # the policy at step 0, for every budget
-        lines.append(f"| warm start (no RL) | {warm['heldout']:.3f} | |" + " | |" * (len(cols) - 1))
     n = len(table["seeds"])
     for r in rows:
         cells = []
