@@ -78,7 +78,7 @@ def add_options(parser, cls, shown: str = "default", only=None) -> None:
         if isinstance(f.default, bool):                  # a switch: turns the default around
             parser.add_argument(flag, dest=f.name, action="store_const", const=not f.default, help=help_)
             continue
-        if f.default is not None and f.default is not dataclasses.MISSING:
+        if f.default not in (None, dataclasses.MISSING, ()):          # () = none: nothing to show
             value = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
             help_ = f"{help_} [{shown}: {value}]"
         choices = f.metadata.get("choices")

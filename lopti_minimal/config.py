@@ -41,6 +41,8 @@ PAPER_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
 METHODS = PAPER_METHODS + TOKEN_FIXES
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOPTI_ORDERS = ("low_first", "high_first")
+# Lopti's first stage: the tokens with pi_old < eta (Algorithm 1), or as many drawn at random
+LOPTI_SPLITS = ("probability", "random")
 # The decode step of sampling (sampling.sample_groups, decode.py): auto = lean on a CPU
 DECODERS = ("auto", "hf", "lean")
 # The paper's K&K settings per method (Yang et al. 2025 and the reference's launch scripts).
@@ -81,6 +83,17 @@ class TrainError(ValueError):
     """Bad input: the CLI prints it as one line and exits with code 2."""
 
 
+def parse_steps(text: str) -> tuple[int, ...]:
+    """"5,10" -> (5, 10): RL steps, each >= 1."""
+    try:
+        steps = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes RL steps like 5 or 5,10, not {text!r}")
+    if not steps or min(steps) < 1:
+        raise argparse.ArgumentTypeError(f"each step must be >= 1, got {text!r}")
+    return steps
+
+
 def parse_sizes(text: str) -> tuple[int, ...]:
     """"3" or "3,4" -> (3,) or (3, 4): people per puzzle, each 2..8."""
     try:
@@ -117,6 +130,11 @@ class TrainConfig:
                                "(default: the paper's, 0.4 for lopti, 0.5 for ar_lopti)", type=float)
     lopti_order: str = option("low_first", "Lopti stage order: low_first (Algorithm 1) | "
                               "high_first (the reversed ablation)", choices=LOPTI_ORDERS)
+    # Not in the paper: a random first stage of the same size isolates the criterion
+    # pi_old < eta from the two-stage update itself (lopti.py, choice 5)
+    lopti_split: str = option("probability", "Lopti's first stage: probability (pi_old < eta, "
+                              "Algorithm 1) | random (as many tokens, drawn at random: the "
+                              "criterion's control)", choices=LOPTI_SPLITS)
     # GRPO's group baseline (paper section 2), or REINFORCE++ = batch-whitened returns
     # (grpo.reinforce_pp_advantages): the reference offers both for every K&K script.
     estimator: str = option("grpo", "advantage estimator: grpo (group baseline) | reinforce_pp "
@@ -129,6 +147,11 @@ class TrainConfig:
     # From the shipped warm start 1e-4 selects the derivations within about 10 steps at a
     # k3 KL of ~0.02/token; at 2e-4 a warm start drifted to 0.38/token in 6 steps.
     lr: float = option(1e-4, "AdamW learning rate")
+    # The optimizer's step is lr x lr_scale (`optimizer_lr`). Only the study sets the scale,
+    # for its step-size control (GRPO at twice the learning rate): lr then stays the value
+    # every run of a comparison shares and the factor is recorded in run.json. Elsewhere
+    # change lr itself (the same computation).
+    lr_scale: float = option(1.0)
     adam_betas: tuple = option((0.9, 0.999))    # verl's AdamW default betas
     weight_decay: float = option(0.01, "AdamW weight decay")    # verl's AdamW default
     grad_clip: float = option(1.0, "gradient-norm clip")       # reference actor.grad_clip
@@ -268,6 +291,13 @@ class TrainConfig:
     eval_batch_size: int = option(50, "puzzles per generate call in the evaluation")
     final_eval: bool = option(True, "skip the final evaluation", flag="--no-eval")
     eval_before: bool = option(False, "also evaluate the initial policy (eval_before.json)")
+    # Accuracy at fixed budgets along the run, on puzzles outside the official sets (the
+    # study's data/heldout3.jsonl): greedy, with the final evaluation's numerics and budget,
+    # into RUN_DIR/eval_heldout_step<N>.json. It changes no number of the run (tested).
+    heldout_data: str | None = option(None, "a K&K JSON Lines file to evaluate on after the steps "
+                                      "--heldout-steps", type=str)
+    heldout_steps: tuple = option((), "steps after which to evaluate --heldout-data, e.g. 5,10",
+                                  type=parse_steps)
 
     # --- output
     run_dir: str | None = option(None, "where to write the run (default "
@@ -296,6 +326,11 @@ class TrainConfig:
     @property
     def uses_lopti(self) -> bool:
         return uses_lopti(self.method)
+
+    @property
+    def optimizer_lr(self) -> float:
+        """The learning rate the optimizer steps with: lr x lr_scale."""
+        return self.lr * self.lr_scale
 
     @property
     def low_eta(self) -> float:
@@ -404,6 +439,8 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"unknown decoder {cfg.decoder!r}: choose one of {', '.join(DECODERS)}")
     if cfg.lopti_order not in LOPTI_ORDERS:
         raise TrainError(f"lopti order must be low_first or high_first, got {cfg.lopti_order!r}")
+    if cfg.lopti_split not in LOPTI_SPLITS:
+        raise TrainError(f"lopti split must be probability or random, got {cfg.lopti_split!r}")
     if cfg.group_size < 2:
         raise TrainError(f"group size must be >= 2 (GRPO compares responses within a group), got {cfg.group_size}")
     for name in ("steps", "prompts_per_step", "max_new_tokens", "max_prompt_len", "rl_per_size",
@@ -412,8 +449,8 @@ def validate(cfg: TrainConfig) -> None:
             raise TrainError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.temperature <= 0:
         raise TrainError(f"temperature must be > 0, got {cfg.temperature}")
-    if not cfg.lr > 0:
-        raise TrainError(f"lr must be > 0, got {cfg.lr}")
+    if not cfg.lr > 0 or not cfg.lr_scale > 0:
+        raise TrainError(f"lr and lr-scale must be > 0, got {cfg.lr}, {cfg.lr_scale}")
     if not cfg.kl_log_ratio_clamp > 0 or cfg.kl_log_ratio_clamp > 20:
         raise TrainError(f"kl-log-ratio-clamp must lie in (0, 20] (5 = the reference fork, 20 = "
                          f"current verl), got {cfg.kl_log_ratio_clamp}")
@@ -429,6 +466,10 @@ def validate(cfg: TrainConfig) -> None:
         import importlib.util
         if importlib.util.find_spec("peft") is None:
             raise TrainError("lora-rank needs peft: pip install -r requirements-lora.txt")
+    if cfg.heldout_steps and not cfg.heldout_data:
+        raise TrainError("heldout-steps needs --heldout-data (the puzzles to evaluate on)")
+    if any(int(s) < 1 for s in cfg.heldout_steps):
+        raise TrainError(f"heldout-steps must be >= 1, got {cfg.heldout_steps}")
     if min(cfg.save_every, cfg.eval_every, cfg.keep_checkpoints, cfg.grad_shares_every) < 0:
         raise TrainError("save-every, eval-every, keep-checkpoints and grad-shares-every must be >= 0")
 
@@ -449,7 +490,7 @@ MISSING_DEFAULTS = {
     # Runs saved before the decoder was an option sampled with transformers' forward.
     "decoder": "hf",
 }
-_TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas")
+_TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas", "heldout_steps")
 
 
 def config_from_json(d: dict) -> TrainConfig:

@@ -18,14 +18,21 @@ the default):
    over the stage's own tokens.
 4. Low-first by default; `order="high_first"` is the ablation the paper reports to collapse
    training (the reference's negative eta, the same partition).
-5. A stage (or mini-batch) with no tokens makes no optimizer step (the reference would step
+5. The split is the paper's, by probability, by default (`split="probability"`, Algorithm 1).
+   `split="random"` is a control that is not in the paper: the first stage holds as many
+   tokens as the probability split's low stage, drawn uniformly from all valid tokens of
+   the batch, so two stages over disjoint tokens remain and only the criterion is gone.
+   Its draw comes from a generator of its own (`split_generator`, from the run's seed and
+   step), so the sampler's random stream, and hence every rollout, is unchanged.
+6. A stage (or mini-batch) with no tokens makes no optimizer step (the reference would step
    AdamW on a zero gradient), so eta <= min pi_old or eta > 1 is exactly one GRPO update.
-6. AR composes: pass the AR-reweighted advantages as `batch.advantages`.
+7. AR composes: pass the AR-reweighted advantages as `batch.advantages`.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from .grpo import batch_logprobs, grpo_update
@@ -44,19 +51,54 @@ def split_by_probability(old_logprobs: torch.Tensor, response_mask: torch.Tensor
     return low.float(), high.float()
 
 
+def split_at_random(low: torch.Tensor, response_mask: torch.Tensor, generator: torch.Generator):
+    """The criterion's control (module docstring, choice 5): as many tokens as ``low``
+    holds, drawn uniformly without replacement from the valid tokens of the whole batch,
+    whatever their pi_old; the other valid tokens second.
+
+    Returns (first_mask, second_mask) as float [B, R], disjoint, covering the valid tokens.
+    ``generator``: a CPU torch.Generator (`split_generator`), the only randomness used.
+    """
+    valid = (response_mask > 0).flatten()
+    where = valid.nonzero().squeeze(1)                      # flat indices of the valid tokens
+    k = int(low.sum())
+    pick = torch.randperm(len(where), generator=generator)[:k].to(where.device)
+    first = torch.zeros_like(valid, dtype=torch.float32)
+    first[where[pick]] = 1.0
+    first = first.view(response_mask.shape)
+    return first, valid.view(response_mask.shape).float() - first
+
+
+def split_generator(seed: int, step: int) -> torch.Generator:
+    """The random split's draw for one step, from (seed, step), apart from the sampler's
+    generator (plumbing.step_generator) and every other stream of the run."""
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence([seed, step, 4]).generate_state(1)[0]))
+    return g
+
+
 def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
                  order: str = "low_first", recompute_old: bool = False,
-                 denominator: str = "all") -> dict:
+                 denominator: str = "all", split: str = "probability",
+                 generator: torch.Generator | None = None) -> dict:
     """Paper Algorithm 1: two `grpo_update`s, low-probability tokens then high.
 
     Arguments are those of `grpo_update` (the batch carries pi_old, the advantages and the
     reference log-probs, computed once for both stages) plus eta, order ("low_first" |
-    "high_first"), recompute_old and denominator (see the module docstring).
+    "high_first"), recompute_old, denominator, and split ("probability", Algorithm 1 |
+    "random", the control, drawn from ``generator``; see the module docstring).
 
     Returns {"stage1": metrics, "stage2": metrics, "low_fraction": share of valid tokens
-    with pi_old < eta}.
+    with pi_old < eta (the size of the random split's first stage too)}.
     """
     low, high = split_by_probability(batch.old_logprobs, batch.response_mask, eta)
+    n_low = float(low.sum())
+    if split == "random":             # the same stage sizes, the criterion gone (choice 5)
+        if generator is None:
+            raise ValueError("the random split needs its generator (split_generator)")
+        low, high = split_at_random(low, batch.response_mask, generator)
+    elif split != "probability":
+        raise ValueError(f"unknown split {split!r}")
     if order == "low_first":
         first, second = low, high
     elif order == "high_first":
@@ -69,4 +111,4 @@ def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
         batch = dataclasses.replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
     m2 = grpo_update(model, optimizer, batch, cfg, token_mask=second, denominator=denominator)
     n_valid = float(batch.response_mask.sum())
-    return {"stage1": m1, "stage2": m2, "low_fraction": float(low.sum()) / max(n_valid, 1.0)}
+    return {"stage1": m1, "stage2": m2, "low_fraction": n_low / max(n_valid, 1.0)}

@@ -184,6 +184,8 @@ class Run:
         if not resume and self.dir.exists() and any(self.dir.iterdir()):
             raise TrainError(f"run directory {self.dir} exists and is not empty: pass --resume {self.dir} "
                              "or choose another --run-dir")
+        # the puzzles of the held-out evaluations along the run, read (and checked) now
+        self.heldout = heldout_records(cfg) if cfg.heldout_data else None
         self.metrics_path, self.evals_path = self.dir / "metrics.jsonl", self.dir / "evals.jsonl"
         self.start_step, self.writer, self.bar, self.history = 0, None, None, []
         self.peak_rss_gb = 0.0
@@ -243,7 +245,7 @@ class Run:
         p = next(model.parameters())
         self.log(f"[run] {self.dir}\n[run] model {cfg.model} ({count_parameters(model):,} params, "
                  f"{p.dtype}, {p.device}), method {cfg.method}, "
-                 f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr:g}, T {cfg.temperature}, "
+                 f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.optimizer_lr:g}, T {cfg.temperature}, "
                  f"{n_records} RL prompts ({data_path}), threads {torch.get_num_threads()}")
         self.writer = _tensorboard(cfg, self.dir)
         if cfg.eval_before and self.start_step == 0:
@@ -265,6 +267,17 @@ class Run:
         self.peak_rss_gb = max(self.peak_rss_gb, peak)
         return ev, peak
 
+    def evaluate_heldout(self, model, tokenizer, step: int) -> None:
+        """Greedy accuracy on cfg.heldout_data after ``step``, with the final evaluation's
+        numerics and budget (evaluate_on), into RUN_DIR/eval_heldout_step<N>.json."""
+        cfg = self.cfg
+        host_memory.take_peak_rss_gb()     # the step before it has logged its peak
+        ev = evaluate_on(model, tokenizer, cfg, self.heldout, progress=cfg.progress)
+        self.peak_rss_gb = max(self.peak_rss_gb, host_memory.take_peak_rss_gb())
+        ev.update(model=f"{self.dir.name} after step {step}", data=cfg.heldout_data)
+        write_eval_json(ev, self.dir / runs.heldout_step_file(step))
+        self.log(f"[eval] {cfg.heldout_data} after step {step}: accuracy {ev['overall']['accuracy']:.3f}")
+
     def after_step(self, m: dict, model, tokenizer, optimizer) -> None:
         """Log the step's metrics; evaluate and checkpoint when due (not at the last step:
         `finish` does)."""
@@ -281,6 +294,10 @@ class Run:
         self.bar.set_postfix(reward=f"{m['reward']:+.2f}", acc=f"{m['accuracy']:.2f}", refresh=False)
         self.log(summary_line(m, cfg.steps))
         done = m["step"]
+        # Evaluations before the checkpoint of the same step: a run resumed from ckpt-N has
+        # every evaluation up to step N on disk, and redoes (identically) any after it.
+        if done in cfg.heldout_steps:
+            self.evaluate_heldout(model, tokenizer, done)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             ev, peak = self.evaluate(model, tokenizer)
             runs.append_jsonl(self.evals_path, {"step": done, **_eval_brief(ev), "peak_rss_gb": peak})
@@ -346,10 +363,27 @@ def evaluate_policy(model, tokenizer, cfg: TrainConfig, sizes=None, per_size=Non
     sizes = tuple(sizes or cfg.eval_sizes)
     per = per_size or cfg.eval_per_size
     records = [r for n in sizes for r in kk.load_official([n])[:per]]
+    return evaluate_on(model, tokenizer, cfg, records, progress)
+
+
+def evaluate_on(model, tokenizer, cfg: TrainConfig, records: list[dict], progress=True) -> dict:
+    """Greedy accuracy on any K&K records with the run's evaluation numerics and budget."""
     return evaluate_records(model, tokenizer, records, max_new_tokens=cfg.eval_max_new_tokens,
                             batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
                             autocast_bf16=cfg.autocast_bf16, rollout_chunk=0, progress=progress,
                             decoder=cfg.decoder)
+
+
+def heldout_records(cfg: TrainConfig) -> list[dict]:
+    """The K&K records of cfg.heldout_data (a repository-relative path works from any
+    folder); TrainError if unreadable."""
+    path = Path(cfg.heldout_data)
+    if not path.is_absolute() and not path.exists() and (ROOT / path).exists():
+        path = ROOT / path
+    try:
+        return read_records(path)
+    except ValueError as e:
+        raise TrainError(str(e)) from e
 
 
 def _eval_brief(ev: dict) -> dict:

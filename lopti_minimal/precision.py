@@ -105,24 +105,26 @@ def ref_dtype(cfg) -> torch.dtype | None:
 
 def build_optimizer(model, cfg):
     """The optimizer of ``cfg.optimizer`` over the model's trainable (master) weights (LoRA:
-    the adapters only), with cfg.lr, cfg.adam_betas and cfg.weight_decay."""
+    the adapters only), with cfg.optimizer_lr (lr x lr_scale), cfg.adam_betas and
+    cfg.weight_decay."""
+    lr = cfg.optimizer_lr
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
         # The reference actor's AdamW: float32 state, verl's betas and weight decay.
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas),
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.adam_betas),
                                  weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adafactor":
         # Adafactor (Shazeer & Stern 2018) as shipped by transformers, with an explicit lr:
         # factored second moments, no first moment -- a few MB of state instead of 2 x params.
         from transformers.optimization import Adafactor
-        return Adafactor(params, lr=cfg.lr, scale_parameter=False, relative_step=False,
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False,
                          warmup_init=False, weight_decay=cfg.weight_decay)
     try:
         from torchao.optim import AdamW8bit
     except ImportError as e:
         raise PrecisionError("optimizer adamw8bit needs torchao: pip install torchao") from e
     sr = any(p.dtype == torch.bfloat16 for p in params)
-    return AdamW8bit(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
+    return AdamW8bit(params, lr=lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
                      bf16_stochastic_round=sr)
 
 

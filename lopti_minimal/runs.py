@@ -6,6 +6,7 @@
     RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt (read_state)
     RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
     RUN_DIR/eval_final.json   the final evaluation; summary.json: paths and the final accuracy
+    RUN_DIR/eval_heldout_step<N>.json  greedy accuracy on cfg.heldout_data after step N
 
 Design choices:
 
@@ -46,6 +47,11 @@ def default_run_dir(cfg) -> str:
     """runs/<time>-<preset>-<method>-s<seed> (cfg: a TrainConfig)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return str(RUNS_ROOT / f"{stamp}-{cfg.preset}-{cfg.method}-s{cfg.seed}")
+
+
+def heldout_step_file(step: int) -> str:
+    """The name of a run's held-out evaluation after RL step ``step`` (cfg.heldout_steps)."""
+    return f"eval_heldout_step{int(step)}.json"
 
 
 def saved_config(path) -> dict | None:

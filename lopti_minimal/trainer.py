@@ -29,7 +29,7 @@ from . import mechanism, plumbing, precision, token_fixes
 from .config import TOKEN_FIXES, TrainConfig, TrainError
 from .grpo import (batch_logprobs, grpo_update, group_advantages, reinforce_pp_advantages,
                    sort_by_length, token_advantages)
-from .lopti import lopti_update, split_by_probability
+from .lopti import lopti_update, split_by_probability, split_generator
 from .lora import add_lora
 from .models import encode_prompts
 from .reweight import reweight_advantages
@@ -115,10 +115,13 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         probe.before(model, batch, fix)
 
         # --- paper: the update. Lopti, Algorithm 1 (split at pi_old < eta; update the
-        #     low-probability tokens, then the high ones), or one GRPO update (Eq. 1) ---
+        #     low-probability tokens, then the high ones), or one GRPO update (Eq. 1). The
+        #     random split (a control, lopti.py) draws from its own generator ---
         t1 = time.perf_counter()
         if cfg.uses_lopti:
-            m = lopti_update(model, optimizer, batch, cfg, eta=cfg.eta, order=cfg.lopti_order)
+            m = lopti_update(model, optimizer, batch, cfg, eta=cfg.eta, order=cfg.lopti_order,
+                             split=cfg.lopti_split, generator=split_generator(cfg.seed, step)
+                             if cfg.lopti_split == "random" else None)
             stages, low = (m["stage1"], m["stage2"]), m["low_fraction"]
         else:
             stages = (grpo_update(model, optimizer, batch, cfg, pg_loss=fix),)

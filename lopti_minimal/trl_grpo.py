@@ -54,7 +54,7 @@ TRL_MAPPING = (
     ("top_p, top_k", "top_p, top_k", "1.0 and 0: no filtering (the reference)"),
     ("max_new_tokens", "max_completion_length", "response budget"),
     ("(keep truncated)", "mask_truncated_completions=False", "a truncated response is trained on, as ours"),
-    ("lr", "learning_rate", "constant schedule, no warm-up (lr_scheduler_type='constant', warmup_steps=0)"),
+    ("lr x lr_scale", "learning_rate", "constant schedule, no warm-up (lr_scheduler_type='constant', warmup_steps=0)"),
     ("weight_decay", "weight_decay", "AdamW (optim='adamw_torch'), betas 0.9 / 0.999"),
     ("grad_clip", "max_grad_norm", "global grad-norm clip per optimizer step"),
     ("eps_low", "epsilon", "lower clip: rho >= 1 - eps_low"),
@@ -83,6 +83,7 @@ NOT_IN_TRL = {
     "alpha": "AR strength (Eq. 4): LoptiGRPOTrainer(alpha=...)",
     "eta": "Lopti threshold (Algorithm 1): LoptiGRPOTrainer(eta=...)",
     "lopti_order": "LoptiGRPOTrainer(lopti_order=...)",
+    "lopti_split='random'": "not mapped (a control of the study, not the method): refused",
     "recompute_old_logprobs": "always on in the subclass (pi_old by a teacher-forced forward)",
     "adv_eps = 1e-6, equal groups -> 0": "LoptiGRPOTrainer(paper_advantages=True)",
     "loss_agg_mode='seq-mean-token-mean'": "not mapped (TRL's 'dapo' is the token-mean)",
@@ -124,6 +125,8 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
                          "mapped onto TRL")
     if cfg.uses_lopti and cfg.ppo_epochs != 1:
         raise ValueError("Lopti on TRL uses num_iterations=2 for its two stages: ppo_epochs must be 1")
+    if cfg.uses_lopti and cfg.lopti_split != "probability":
+        raise ValueError("only Lopti's probability split (Algorithm 1) is mapped onto TRL")
     if not cfg.clip_c > 1.0 + cfg.eps_high:
         raise ValueError("TRL's delta equals the dual clip only if clip_c > 1 + eps_high")
     n_rows = cfg.prompts_per_step * cfg.group_size
@@ -143,7 +146,7 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         top_k=cfg.top_k, max_completion_length=cfg.max_new_tokens,
         mask_truncated_completions=False,
         # optimisation
-        learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0,
+        learning_rate=cfg.optimizer_lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_betas[0], adam_beta2=cfg.adam_betas[1],
         optim="adamw_torch",
         max_grad_norm=cfg.grad_clip,

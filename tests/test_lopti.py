@@ -8,7 +8,7 @@ import torch
 
 from lopti_minimal.config import TrainConfig
 from lopti_minimal.grpo import group_advantages, grpo_update
-from lopti_minimal.lopti import lopti_update, split_by_probability
+from lopti_minimal.lopti import lopti_update, split_at_random, split_by_probability, split_generator
 from lopti_minimal.precision import build_optimizer
 from lopti_minimal.reweight import reweight_advantages
 from lopti_minimal.sampling import sample_groups
@@ -164,3 +164,57 @@ def test_composes_with_ar():
     assert torch.equal(opt.grads[0], check.grads[0])      # stage 1 = low tokens, AR advantages
     plain, _, _ = run(model, b, cfg)
     assert not close(plain.grads[0], opt.grads[0], 1e-3)
+
+
+# ----------------------------------------------------------------------------- the random split
+
+def test_random_split_has_the_low_stage_s_size_and_partitions_the_valid_tokens():
+    """The criterion's control: as many tokens as pi_old < eta selects, drawn from the valid
+    tokens only, the two stages disjoint and covering every valid token; not the low stage
+    itself, and the same draw for the same (seed, step)."""
+    _, r, _, _, _ = setup()
+    low, _ = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    draws = []
+    for seed, step in ((0, 0), (0, 1), (1, 0), (0, 0)):
+        first, second = split_at_random(low, r.response_mask, split_generator(seed, step))
+        assert first.sum() == low.sum() and first.sum() > 0
+        assert torch.equal(first + second, r.response_mask)            # covers every valid token
+        assert (first * second).sum() == 0 and ((first == 0) | (first == 1)).all()
+        assert (first[r.response_mask == 0] == 0).all()                  # never padding
+        draws.append(first)
+    assert torch.equal(draws[0], draws[3])                               # same (seed, step), same draw
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert not all(torch.equal(d, low) for d in draws)                   # not the criterion's split
+    # Uniform over the valid tokens: in 400 draws each lands in the first stage about
+    # |low| / |valid| = 81 / 106 of the time (binomial sd 0.021; 0.1 is ~5 sd), wherever it sits.
+    hits = sum(split_at_random(low, r.response_mask, split_generator(s, 0))[0] for s in range(400)) / 400
+    share = float(low.sum() / r.response_mask.sum())
+    assert (hits[r.response_mask > 0] - share).abs().max() < 0.1
+
+
+def test_random_split_update_trains_the_drawn_stages_and_leaves_other_randomness_alone():
+    """lopti_update(split="random"): stage 1 is the GRPO update on the drawn tokens, stage 2
+    on the rest; the draw uses only its own generator (the global RNG and a sampler's
+    generator are untouched), and low_fraction is the probability split's."""
+    model, r, b, ref, cfg = setup()
+    low, _ = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    first, second = split_at_random(low, r.response_mask, split_generator(3, 7))
+    sampler = torch.Generator().manual_seed(11)
+    global_state, sampler_state = torch.get_rng_state(), sampler.get_state()
+    opt, m, _ = run(model, b, cfg, eta=ETA, split="random", generator=split_generator(3, 7))
+    assert torch.equal(torch.get_rng_state(), global_state) and torch.equal(sampler.get_state(), sampler_state)
+    assert m["low_fraction"] == pytest.approx(float(low.sum() / r.response_mask.sum()))
+    for k, mask in enumerate((first, second)):                    # lr = 0: both at the same params
+        twin = copy.deepcopy(model)
+        check = Recorder(twin.parameters())
+        grpo_update(twin, check, b, cfg, token_mask=mask)
+        assert torch.equal(opt.grads[k], check.grads[0])
+    by_probability, _, _ = run(model, b, cfg, eta=ETA)
+    assert not close(opt.grads[0], by_probability.grads[0], 1e-3)
+    high_first, _, _ = run(model, b, cfg, eta=ETA, split="random", order="high_first",
+                           generator=split_generator(3, 7))
+    assert torch.equal(high_first.grads[0], opt.grads[1])            # the order swaps the drawn stages
+    with pytest.raises(ValueError, match="generator"):
+        run(model, b, cfg, split="random")
+    with pytest.raises(ValueError, match="unknown split"):
+        run(model, b, cfg, split="entropy", generator=split_generator(0, 0))

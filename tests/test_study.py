@@ -6,6 +6,7 @@ real end-to-end mini study on the ci preset (2 methods x 1 seed)."""
 import dataclasses
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -37,10 +38,11 @@ def fake_model(tmp_path):
 
 
 def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0, heldout=None,
-                   low=None, extra=None):
+                   low=None, extra=None, along=None):
     """What trainer.train leaves behind, reduced to what study.py reads (derivation share =
     the reward; the held-out evaluation only if ``heldout`` is given; ``low``: the logged
-    low_fraction per step; ``extra``: more metrics per step)."""
+    low_fraction per step; ``extra``: more metrics per step; ``along``: {step: held-out
+    accuracy} of the trainer's evaluations along the run)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": config_to_json(cfg)}))
     with open(run_dir / "metrics.jsonl", "w") as f:
@@ -50,7 +52,9 @@ def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_
                                 "truncated": 0.0, **({"low_fraction": low[i]} if low else {}),
                                 **(extra[i] if extra else {})}) + "\n")
     if heldout is not None:
-        (run_dir / G.HELDOUT_FILE).write_text(json.dumps({"overall": {"accuracy": heldout}}))
+        (run_dir / G.HELDOUT_FILE).write_text(json.dumps({"overall": {"accuracy": heldout}, "seconds": 4.0}))
+    for step, a in (along or {}).items():
+        (run_dir / runs.heldout_step_file(step)).write_text(json.dumps({"overall": {"accuracy": a}}))
     (run_dir / "eval_final.json").write_text(json.dumps(
         {"per_size": {str(n): {"accuracy": a, "format_error": fmt, "truncated": fmt, "mean_tokens": 100 + 100 * fmt}
                       for n, a in acc.items()}, "seconds": 2.0}))
@@ -187,20 +191,27 @@ def test_variants_are_canonical():
 def test_plan_dedups_shared_runs_and_is_seed_major():
     specs = S.plan_runs(["all"], 5, 3, "cpu-tiny")
     # main 4 x 5 = 20; alpha adds 0.1 0.3 0.5 (0 = GRPO, 0.2 = main AR) x 3; eta adds 0.3 0.5
-    # 0.7 (0.4 = main Lopti) x 3; order adds high-first x 3.
+    # 0.7 (0.4 = main Lopti) x 3; order adds nothing (its high-first Lopti is the criterion's).
     # control adds GRPO with two optimizer steps per rollout x 5 (the main grid's seeds);
+    # criterion adds GRPO at 2x lr and both Lopti arms reversed and with a random split x 5;
     # reinforce_pp adds REINFORCE++ and REINFORCE++ +AR+Lopti x 3; token_fixes its four
     # later methods x 3 (its GRPO, GRPO x2 and AR+Lopti are the main grid's and the control's).
-    assert len(specs) == 20 + 5 + 6 + 9 + 9 + 3 + 12
+    assert len(specs) == 20 + 5 + 25 + 6 + 9 + 9 + 0 + 12
     assert len({(s.variant, s.seed) for s in specs}) == len(specs)
-    # main and control together, seed-major: a study stopped early has complete, paired seeds.
-    assert [(s.variant.name, s.seed) for s in specs[:6]] == [
-        ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo-x2", 0), ("grpo", 1)]
-    assert all(s.grid in ("main", "control") for s in specs[:25])
-    assert [s.seed for s in specs[:25] if s.grid == "control"] == [0, 1, 2, 3, 4]
-    assert [s.variant.name for s in specs[25:27]] == ["rpp-grpo", "rpp-ar_lopti-a0.3-e0.5"]
-    assert S.run_config(specs[25], "/o").estimator == "reinforce_pp"
-    assert max(s.seed for s in specs[25:]) == 2
+    # main, control and criterion together, seed-major: a study stopped early has complete,
+    # paired seeds.
+    assert [(s.variant.name, s.seed) for s in specs[:11]] == [
+        ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo-x2", 0),
+        ("grpo-lrx2", 0), ("lopti-e0.4-high_first", 0), ("lopti-e0.4-random", 0),
+        ("ar_lopti-a0.3-e0.5-high_first", 0), ("ar_lopti-a0.3-e0.5-random", 0), ("grpo", 1)]
+    assert all(s.grid in ("main", "control", "criterion") for s in specs[:50])
+    assert [s.seed for s in specs[:50] if s.grid == "control"] == [0, 1, 2, 3, 4]
+    assert [s.variant.name for s in specs[50:52]] == ["rpp-grpo", "rpp-ar_lopti-a0.3-e0.5"]
+    assert S.run_config(specs[50], "/o").estimator == "reinforce_pp"
+    assert max(s.seed for s in specs[50:]) == 2
+    # The criterion grid alone: its 9 arms (the baselines included) x --seeds, seed-major.
+    crit = S.plan_runs(["criterion"], 5, 3, "cpu-tiny")
+    assert len(crit) == 45 and [s.variant for s in crit[:9]] == list(G.CRITERION) and crit[9].seed == 1
     only = S.plan_runs(["main"], 2, 0, "ci", only={"grpo", "ar_lopti"})
     assert [s.run_dir("/o").as_posix() for s in only] == [
         "/o/ci/grpo-s0", "/o/ci/ar_lopti-a0.3-e0.5-s0", "/o/ci/grpo-s1", "/o/ci/ar_lopti-a0.3-e0.5-s1"]
@@ -220,7 +231,7 @@ def test_every_run_of_a_grid_has_the_same_budget(tmp_path):
 
 def test_order_grid_needs_the_trainer_option(tmp_path):
     specs = S.plan_runs(["order"], 1, 2, "ci")
-    keep, dropped = S._supported(specs, tmp_path, {})
+    keep, dropped = S.supported(specs, tmp_path, {})
     high = [s for s in specs if s.variant.order == "high_first"]
     if HAS_ORDER:
         assert keep == specs and not dropped
@@ -357,7 +368,7 @@ def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     # Curves: moving average (window 2) of rewards 0, .5, 1 is 0, .25, .75 for every seed.
     c = g["curves"]["reward"]
     assert c["step"] == [1, 2, 3] and c["mean"] == pytest.approx([0, .25, .75]) and c["lo"] == c["mean"]
-    assert set(pr["grids"]) == {"main", "control", "reinforce_pp", "alpha", "eta", "order", "token_fixes"}   # each grid table from the runs it has
+    assert set(pr["grids"]) == set(G.GRIDS)           # each grid table from the runs it has
     assert list(pr["grids"]["alpha"]["rows"]) == ["grpo", "ar-a0.2"]
     json.dumps(res)                                   # JSON-ready
 
@@ -425,6 +436,94 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
     assert "| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) | 0.5 | 0.060 | 0.030 | 0.90 (0.80-1.00) |" in report.read_text()
 
 
+def criterion_study(out: Path, model: str) -> Path:
+    """Runs of the criterion grid with known numbers, 3 seeds, 3 steps, held-out accuracy
+    after steps 1 and 2 (``along``) and at the end; each run also logs the mechanism. Per
+    seed 0, 1, 2: GRPO along .1 .2 .3 at step 1, .2 .3 .4 at step 2, final .3 .4 .5; Lopti
+    and the others +.1 at step 1 on every seed, and the random split .2 .2 .5 at step 1."""
+    ov = {"model": model, "steps": 3, "heldout_data": "held.jsonl", "heldout_steps": (1, 2)}
+    bumps = {G.GRPO: 0.0, G.LOPTI: 0.1, G.LOPTI_HIGH: 0.1, G.GRPO_LR2: 0.1, G.GRPO_X2: 0.1}
+    mech = [{"rise_pos_moved": [.5, .6, .7, .8], "fall_neg_moved": [.4, .5, .6, .7], "nll": 1.0 - .1 * i}
+            for i in range(3)]
+    for v in tuple(bumps) + (G.LOPTI_RANDOM,):
+        for seed in range(3):
+            spec = S.RunSpec("ci", v, seed, "criterion")
+            cfg = S.run_config(spec, out, ov)
+            step1 = (.2, .2, .5)[seed] if v == G.LOPTI_RANDOM else .1 * (seed + 1) + bumps[v]
+            write_finished(spec.run_dir(out), cfg, {3: .3, 4: .3}, heldout=.3 + .1 * seed, extra=mech,
+                           along={1: step1, 2: .2 + .1 * seed})
+    return out
+
+
+def test_heldout_accuracy_along_the_way_is_tabulated_and_paired(tmp_path, fake_model):
+    out = criterion_study(tmp_path / "study", fake_model)
+    assert S.run_config(S.RunSpec("ci", G.GRPO, 0, "criterion"), out,
+                        {"heldout_data": "h", "heldout_steps": (5, 10), "steps": 10}).heldout_steps == (5,)
+    t = A.aggregate(out)["presets"]["ci"]["grids"]["criterion"]
+    assert t["seeds"] == [0, 1, 2] and list(t["rows"]) == ["grpo", "grpo-x2", "grpo-lrx2", "lopti-e0.4",
+                                                           "lopti-e0.4-high_first", "lopti-e0.4-random"]
+    g, lo, rnd = (t["rows"][n]["heldout_along"] for n in ("grpo", "lopti-e0.4", "lopti-e0.4-random"))
+    assert list(g) == ["1", "2", "final"] and g["1"]["vs_grpo"] is None
+    assert g["1"]["mean"]["mean"] == pytest.approx(0.2) and g["final"]["mean"]["mean"] == pytest.approx(0.4)
+    # Lopti +.1 on every seed at step 1: interval of width 0; equal at step 2
+    assert lo["1"]["vs_grpo"]["mean"] == pytest.approx(0.1) and lo["1"]["vs_grpo"]["half"] == pytest.approx(0, abs=1e-12)
+    assert lo["2"]["vs_grpo"]["mean"] == pytest.approx(0.0)
+    # random split .2 .2 .5 vs GRPO .1 .2 .3: diffs .1 0 .2 -> mean .1, s .1, half 4.303 * .1 / sqrt(3)
+    assert rnd["1"]["vs_grpo"]["mean"] == pytest.approx(0.1) and rnd["1"]["vs_grpo"]["half"] == pytest.approx(0.248434, abs=1e-6)
+    # ... and vs Lopti (a pair of the grid): .2 .2 .5 - (.2 .3 .4) = 0 -.1 .1
+    d = next(p for p in t["pairs"] if p["a"] == G.LOPTI_RANDOM.label and p["b"] == G.LOPTI.label)
+    assert d["heldout_along"]["1"]["mean"] == pytest.approx(0.0) and d["heldout_along"]["1"]["n"] == 3
+    assert d["heldout_along"]["1"]["half"] == pytest.approx(0.248434, abs=1e-6)
+    assert any(p["a"] == G.GRPO_LR2.label and p["b"] == G.GRPO_X2.label for p in t["pairs"])
+    report, figs = tmp_path / "R.md", tmp_path / "figs"
+    R.write_report(A.aggregate(out), report, figs)
+    text = report.read_text()
+    assert "| method | after step 1 | Δ vs GRPO | after step 2 | Δ vs GRPO | final (step 3) | Δ vs GRPO |" in text
+    assert "| GRPO+Lopti (η=0.4, random split) | 0.300 ± 0.430 | +0.100 [-0.148, +0.348] |" in text   # s = .173
+    assert ("**GRPO+Lopti (η=0.4, random split)** minus **GRPO+Lopti (η=0.4)**, paired by seed (95% CI): "
+            "accuracy (avg over sizes) +0.000 [+0.000, +0.000]") in text
+    assert re.search(r"held-out accuracy after step 1 [+-]0\.000 \[-0\.248, \+0\.248\]", text)   # 0 in floats
+    # The mechanism figure of the new arms, as for the old ones.
+    assert "![mechanism, criterion](figs/study-ci-criterion-mechanism.png)" in text
+    assert (figs / "study-ci-criterion-mechanism.png").stat().st_size > 1000
+
+
+def test_report_only_is_byte_identical_and_writes_only_what_it_is_asked(tmp_path, fake_model):
+    """--report-only twice: the same bytes (report, figures); no study_results.json unless
+    --write-aggregate, and then the same bytes too; without --report / --figures nothing is
+    written outside OUT."""
+    out = criterion_study(tmp_path / "study", fake_model)
+    (out / "study_log.jsonl").write_text(json.dumps({"start": "2026-01-01 10:00:00", "end": "2026-01-01 11:00:00",
+                                                     "wall_s": 3600.0, "argv": ["--out", str(tmp_path / "runs" / "s")],
+                                                     "jobs": 2, "threads": 1, "machine": None}) + "\n")
+
+    def snapshot(root: Path) -> dict:
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    args = ["--report-only", "--out", str(out), "--report", str(tmp_path / "docs" / "R.md"),
+            "--figures", str(tmp_path / "docs" / "figs")]
+    before = snapshot(out)
+    assert S.main(args) == 0
+    first = snapshot(tmp_path)
+    assert snapshot(out) == before                                  # nothing in OUT was asked for
+    text = (tmp_path / "docs" / "R.md").read_text()
+    assert str(tmp_path) not in text and "runs/s --report-only" not in text     # no machine path
+    assert "--out runs/s" in text                                   # the logged command, portable
+    assert S.main(args) == 0
+    assert snapshot(tmp_path) == first and len([k for k in first if k.endswith(".png")]) >= 2
+    assert S.main(args + ["--write-aggregate"]) == 0
+    agg = (out / "study_results.json").read_bytes()
+    assert S.main(args + ["--write-aggregate"]) == 0
+    assert (out / "study_results.json").read_bytes() == agg and b"generated" not in agg
+    # No --report / --figures: the report goes into OUT, nothing else changes.
+    (out / "study_results.json").unlink()
+    outside = {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("study/")}
+    assert S.main(["--report-only", "--out", str(out)]) == 0
+    assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("study/")} == outside
+    assert (out / "RESULTS.md").exists() and (out / "figures" / "study-ci-criterion-curves.png").exists()
+    assert not (out / "study_results.json").exists()
+
+
 def test_report_without_runs_is_a_template(tmp_path):
     p = R.write_report(A.aggregate(tmp_path / "empty"), tmp_path / "R.md", tmp_path / "f")
     text = Path(p).read_text()
@@ -435,18 +534,36 @@ def test_cli_report_only_dry_run_and_bad_input(tmp_path, fake_model, capsys):
     out = synthetic_study(tmp_path / "study", fake_model)
     rep = tmp_path / "R.md"
     assert S.main(["--report-only", "--out", str(out), "--report", str(rep), "--figures", str(tmp_path / "f")]) == 0
-    assert rep.exists() and (out / "study_results.json").exists()
-    assert f"--out {out} --report-only --report {rep}" in rep.read_text()     # its own command
+    assert rep.exists() and not (out / "study_results.json").exists()        # not asked for
+    # its own command, with the paths as every machine shows them (outside a checkout: the name)
+    assert "`python -m lopti_minimal.experiments.study --out .../study --report-only --report .../R.md " \
+           "--figures .../f`" in rep.read_text()
+    assert str(tmp_path) not in rep.read_text()
     assert S.main(["--dry-run", "--preset", "ci", "--out", str(out), "--model", fake_model, "--steps", "3",
                    "--seeds", "3", "--only", "grpo,ar", "--grid", "main", "--step-seconds", "2", "--eval-seconds", "10"]) == 0
     o = capsys.readouterr().out
     assert "ci/grpo-s0" in o and "ci/ar-a0.2-s2" in o and "budget per run: 3 steps x 2 prompts x G=4 = 24" in o
-    assert "6 runs, 0 to do: about" in o
+    assert "6 runs (main 6), 0 to do: about" in o
     assert S.main(["--dry-run", "--preset", "ci", "--out", str(tmp_path / "new"), "--model", fake_model,
                    "--steps", "3", "--seeds", "2", "--only", "grpo,lopti", "--grid", "main", "--step-seconds", "2",
                    "--eval-seconds", "10"]) == 0
     # 2 x (3 x 2 s + 10 s) + 2 x (3 x 2 s x 1.15 + 10 s) = 65.8 s
-    assert "4 runs, 4 to do: about 1.1 min for 4 run(s)" in capsys.readouterr().out
+    assert "4 runs (main 4), 4 to do: about 1.1 min for 4 run(s)" in capsys.readouterr().out
+    # A fresh folder timed by another study's finished runs (--estimate-from): GRPO's 5 s
+    # (3 steps x 1 s + 2 s) for GRPO and, by method, for GRPO at 2x lr; Lopti's 5 s for its
+    # random split and reversed order; AR+Lopti has none of its method: the mean of all, 5 s.
+    assert S.main(["--dry-run", "--preset", "ci", "--out", str(tmp_path / "new"), "--model", fake_model,
+                   "--steps", "3", "--seeds", "1", "--grid", "criterion", "--estimate-from", str(out)]) == 0
+    o = capsys.readouterr().out
+    assert "ci/grpo-lrx2-s0" in o and "ci/ar_lopti-a0.3-e0.5-random-s0" in o
+    assert "9 runs (criterion 9), 9 to do: about 0.8 min for 9 run(s)" in o
+    # With held-out evaluations after steps 5 and 10 that those runs did not make: each costs
+    # a final held-out evaluation's time (4 s in the synthetic runs), 2 x 9 x (5 + 2 x 4) s.
+    assert S.main(["--dry-run", "--preset", "ci", "--out", str(tmp_path / "new"), "--model", fake_model,
+                   "--steps", "12", "--seeds", "2", "--grid", "criterion", "--estimate-from", str(out)]) == 0
+    o = capsys.readouterr().out
+    assert "held-out evaluation (data/heldout3.jsonl, greedy): after step(s) 5, 10 and at the end" in o
+    assert "18 runs (criterion 18), 18 to do: about 3.9 min for 18 run(s)" in o
     assert S.main(["--grid", "nope", "--out", str(out), "--no-report"]) == 2
     assert S.main(["--set", "seed=3", "--out", str(out), "--no-report"]) == 2
     assert S.main(["--dry-run", "--preset", "ci", "--out", str(out), "--model", fake_model, "--steps", "9",
@@ -466,7 +583,7 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     heldout.write_text("".join((ROOT / "data" / "heldout3.jsonl").read_text().splitlines(True)[:6]))
     args = ["--preset", "ci", "--grid", "main", "--only", "grpo,ar_lopti", "--seeds", "1", "--out", str(out), "--report", str(rep),
             "--figures", str(tmp_path / "fig"), "--threads", os.environ.get("LOPTI_TEST_THREADS", "2"),
-            "--heldout", str(heldout), "--no-progress", *model]
+            "--heldout", str(heldout), "--heldout-steps", "1", "--no-progress", *model]
     assert S.main(args) == 0
     for name in ("grpo-s0", "ar_lopti-a0.3-e0.5-s0"):
         d = out / "ci" / name
@@ -474,12 +591,16 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
         assert len((d / "metrics.jsonl").read_text().splitlines()) == 2
         assert "step    2/2" in (d / "train.log").read_text()
         assert json.loads((d / G.HELDOUT_FILE).read_text())["per_size"]["3"]["n"] == 6
+        assert json.loads((d / runs.heldout_step_file(1)).read_text())["per_size"]["3"]["n"] == 6   # by the trainer
     res = json.loads((out / "study_results.json").read_text())
     rows = res["presets"]["ci"]["grids"]["main"]["rows"]
     assert set(rows) == {"grpo", "ar_lopti-a0.3-e0.5"} and rows["ar_lopti-a0.3-e0.5"]["vs_grpo"]["avg"]["n"] == 1
     assert res["presets"]["ci"]["fingerprint"].startswith("sha256:")
     text = rep.read_text()
     assert "GRPO+AR+Lopti (α=0.3, η=0.5)" in text and "too few for a confidence interval" in text
+    assert "| method | after step 1 | Δ vs GRPO | final (step 2) | Δ vs GRPO |" in text
+    held0 = json.loads((out / "ci" / "warm-start-heldout.json").read_text())["overall"]["accuracy"]
+    assert f"The warm start (step 0) scores {held0:.3f}." in text
     # The starting policy was evaluated once, like the runs, and heads the main table.
     warm = out / "ci" / "warm-start-eval.json"
     acc = json.loads(warm.read_text())["per_size"]["3"]["accuracy"]
@@ -547,10 +668,11 @@ def test_archive_keeps_finished_runs_without_weights(tmp_path):
 
 
 def test_report_names_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
-    """A study run with an absolute --out is reported with the path relative to the current
-    folder; a path outside it stays as it was (nothing shorter is true)."""
-    monkeypatch.chdir(tmp_path)
-    assert R._portable(str(tmp_path / "runs" / "study")) == os.path.join("runs", "study")
-    assert R._portable("--jobs") == "--jobs"
-    outside = str(tmp_path.parent / "elsewhere")
-    assert R._portable(outside) == outside
+    """Paths in the report are the same from any folder, checkout and machine: relative to
+    this checkout; in another checkout (a study run from a worktree) from its first
+    repository folder on; elsewhere by the last part only."""
+    monkeypatch.chdir(tmp_path)                       # the current folder plays no part
+    assert G.portable(str(ROOT / "runs" / "study")) == "runs/study"
+    assert G.portable("/elsewhere/main/runs/study-tiny-warm") == "runs/study-tiny-warm"
+    assert G.portable(str(tmp_path / "elsewhere")) == ".../elsewhere"
+    assert G.portable("--jobs") == "--jobs" and G.portable("runs/x") == "runs/x"

@@ -94,12 +94,27 @@ def test_config_from_json_reads_older_configs():
 @pytest.mark.parametrize("kw, words", [
     (dict(method="ppo"), "unknown method"), (dict(alpha=1.5), "alpha"), (dict(alpha=-0.1), "alpha"),
     (dict(eta=0.0), "eta"), (dict(eta=1.01), "eta"), (dict(group_size=1), "group size"),
-    (dict(steps=0), "steps"), (dict(ppo_epochs=0), "ppo-epochs")])
+    (dict(steps=0), "steps"), (dict(ppo_epochs=0), "ppo-epochs"), (dict(lopti_split="entropy"), "lopti split")])
 def test_bad_config_is_rejected(kw, words):
     with pytest.raises(TrainError, match=words):
         make_config("cpu-tiny", **kw)
     with pytest.raises(TrainError, match="unknown preset"):
         make_config("nope")
+
+
+def test_lr_scale_multiplies_the_optimizer_s_step_only():
+    """The study's step-size control keeps lr (the setting runs share) and records the factor:
+    the optimizer steps with lr x lr_scale; an old run.json without it reads back as 1."""
+    c = make_config("cpu-tiny", method="grpo", lr_scale=2.0)
+    assert (c.lr, c.optimizer_lr) == (1e-4, 2e-4)
+    model = torch.nn.Linear(2, 2)
+    assert precision.build_optimizer(model, c).param_groups[0]["lr"] == 2e-4
+    assert precision.build_optimizer(model, make_config("cpu-tiny")).param_groups[0]["lr"] == 1e-4
+    old = config_to_json(make_config("cpu-tiny"))
+    del old["lr_scale"]
+    assert config_from_json(old).lr_scale == 1.0
+    with pytest.raises(TrainError, match="lr-scale"):
+        make_config("cpu-tiny", lr_scale=0.0)
 
 
 def test_config_json_round_trip():
@@ -203,6 +218,61 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
     wa = AutoModelForCausalLM.from_pretrained(a["paths"]["final_model"]).state_dict()
     wb = AutoModelForCausalLM.from_pretrained(b["paths"]["final_model"]).state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_random_split_samples_what_the_probability_split_samples(nano_dir, tmp_path):
+    """Lopti's random split (the criterion's control) draws from a generator of its own: a
+    run with it samples the same step-1 rollout as the faithful run (same rewards, lengths,
+    pi_old), and only the update differs."""
+    out = {}
+    for split in ("probability", "random"):
+        # the nano model is random (pi_old ~ 1/400): eta 0.003 splits its tokens about 3:1
+        cfg = small_cfg(nano_dir, tmp_path / split, method="lopti", eta=0.003, lopti_split=split, steps=2)
+        out[split] = trainer.train(cfg, reward_fn=length_reward, log=lambda s: None)["metrics"]
+        assert json.loads((tmp_path / split / "run" / "run.json").read_text())["config"]["lopti_split"] == split
+    a, b = out["probability"][0], out["random"][0]
+    sampled = ("reward", "accuracy", "response_len", "max_len", "tokens", "derive_share", "kl",
+               "low_fraction", "nll", "bin_share", "zero_adv_groups")
+    assert {k: a[k] for k in sampled} == {k: b[k] for k in sampled}
+    assert 0 < a["low_fraction"] < 1 and a["tokens"] > 0                     # both stages had tokens
+    assert a["grad_norm"] != b["grad_norm"] and a["rise_pos"] != b["rise_pos"]   # the update differs
+
+
+def test_heldout_evaluations_along_the_run_change_no_number_and_survive_a_resume(nano_dir, tmp_path):
+    """--heldout-data F --heldout-steps 1,2: greedy accuracy on F after steps 1 and 2, in
+    eval.py's format (RUN_DIR/eval_heldout_step<N>.json), and the run's metrics are those of
+    a run without them. Interrupted during step 3 (checkpoint at 2) and resumed, the run has
+    both files and the same metrics."""
+    data = tmp_path / "held.jsonl"             # 4 puzzles of the held-out set
+    data.write_text("".join((ROOT / "data" / "heldout3.jsonl").read_text().splitlines(True)[:4]))
+    plain = trainer.train(small_cfg(nano_dir, tmp_path / "plain", method="lopti", steps=3),
+                          reward_fn=length_reward, log=lambda s: None)["metrics"]
+    cfg = small_cfg(nano_dir, tmp_path / "held", method="lopti", steps=3, heldout_data=str(data),
+                    heldout_steps=(1, 2))
+    calls = {"n": 0}
+
+    def interrupting_reward(text, record):
+        calls["n"] += 1
+        if calls["n"] > 2 * 2 * 4:              # 2 steps x 2 prompts x G=4, then Ctrl-C
+            raise KeyboardInterrupt
+        return length_reward(text, record)
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(cfg, reward_fn=interrupting_reward, log=lambda s: None)
+    run = tmp_path / "held" / "run"
+    assert [s for s, _ in runs.checkpoints(run)] == [2]
+    for step in (1, 2):
+        ev = json.loads((run / runs.heldout_step_file(step)).read_text())
+        assert ev["per_size"]["3"]["n"] == 4 and ev["settings"]["greedy"] and 0 <= ev["overall"]["accuracy"] <= 1
+    held = trainer.train(plumbing.resume_config(run, progress=False), resume=True, reward_fn=length_reward,
+                         log=lambda s: None)["metrics"]
+    assert strip(held) == strip(plain) and len(plain) == 3
+    assert not (run / runs.heldout_step_file(3)).exists()
+    with pytest.raises(TrainError, match="heldout-data"):
+        small_cfg(nano_dir, tmp_path, heldout_steps=(5,))
+    with pytest.raises(TrainError, match="cannot read"):
+        trainer.train(small_cfg(nano_dir, tmp_path / "bad", heldout_data=str(tmp_path / "none.jsonl"),
+                                heldout_steps=(1,)), log=lambda s: None)
 
 
 def test_keep_checkpoints_zero_keeps_every_checkpoint(nano_dir, tmp_path):

@@ -254,6 +254,9 @@ def test_mapping_table():
     assert a8["steps_per_generation"] == a8["gradient_accumulation_steps"]
     with pytest.raises(ValueError):
         trl_grpo_args(T.make_config("ci", method="lopti", ppo_epochs=2), "/tmp/x")
+    assert trl_grpo_args(T.make_config("ci", method="grpo", lr_scale=2.0), "/tmp/x")["learning_rate"] == 2e-4
+    with pytest.raises(ValueError, match="probability split"):
+        trl_grpo_args(T.make_config("ci", method="lopti", lopti_split="random"), "/tmp/x")
 
 
 MAX_DIFFS = {}

@@ -7,13 +7,13 @@ Design choices (study.py, design choices 5 and 6):
    is listed as excluded, with the fields it differs in.
 2. Per grid a balanced table: the seeds all its rows have, means with 95% t intervals, the
    paired difference from GRPO (and the grid's other pairs) with its interval (stats.py).
+3. Reproducible: nothing in the aggregate depends on when or where it is made (no
+   timestamp; paths as grid.portable shows them), so the same runs give the same bytes.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,9 +21,8 @@ import numpy as np
 
 from .. import runs
 from ..config import config_from_json
-from ..plumbing import ROOT
 from .grid import (GRID_PAIRS, GRIDS, GRPO, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, Variant,
-                   config_diff, setting_key, warm_start_eval_path)
+                   config_diff, portable, setting_key, warm_start_eval_path)
 from .mechanism_report import MECH_KEYS, run_scalars
 from .mechanism_report import curves as mechanism_curves
 from .stats import mean_ci, paired_diff, t975
@@ -55,7 +54,7 @@ def read_run(run_dir) -> dict:
     acc = {int(n): float(v["accuracy"]) for n, v in ev["per_size"].items()}
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
     hfile = run_dir / HELDOUT_FILE
-    heldout = float(json.loads(hfile.read_text())["overall"]["accuracy"]) if hfile.exists() else None
+    hev = json.loads(hfile.read_text()) if hfile.exists() else None
     tfile = run_dir / "study_time.json"
     if tfile.exists():
         wall = json.loads(tfile.read_text())["wall_s"]
@@ -69,7 +68,21 @@ def read_run(run_dir) -> dict:
             "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
             "tokens": _size_mean(ev, "mean_tokens"),
             "metrics": metrics, "eval_s": float(ev.get("seconds", 0.0)), "wall_s": float(wall),
-            "heldout": heldout, **selection(metrics), **token_split(metrics, cfg), **run_scalars(metrics)}
+            "heldout": float(hev["overall"]["accuracy"]) if hev else None,
+            "heldout_s": float(hev["seconds"]) if hev and "seconds" in hev else None,
+            "heldout_along": heldout_along(run_dir, cfg),
+            **selection(metrics), **token_split(metrics, cfg), **run_scalars(metrics)}
+
+
+def heldout_along(run_dir: Path, cfg: dict) -> dict[int, float]:
+    """{step: held-out accuracy} of the evaluations the trainer made along the run
+    (TrainConfig.heldout_steps, RUN_DIR/eval_heldout_step<N>.json), those it has."""
+    out = {}
+    for step in cfg.get("heldout_steps") or ():
+        f = run_dir / runs.heldout_step_file(step)
+        if f.exists():
+            out[int(step)] = float(json.loads(f.read_text())["overall"]["accuracy"])
+    return out
 
 
 SELECT_AT = 0.8          # "the behaviour is selected": derivations are >= 80% of the samples
@@ -148,8 +161,8 @@ def _paired(ra: list[dict], rb: dict, get) -> dict:
 
 
 def pair_diffs(groups: dict, a: Variant, b: Variant, seeds) -> dict | None:
-    """a minus b, paired by seed (only ``seeds``), on the average accuracy and the selection
-    figures (GRID_PAIRS); None if either has no runs."""
+    """a minus b, paired by seed (only ``seeds``), on the average accuracy, the selection
+    figures and the held-out accuracy along the run (GRID_PAIRS); None if either has no runs."""
     if a not in groups or b not in groups:
         return None
     ra = [r for r in groups[a] if r["seed"] in seeds]
@@ -158,6 +171,28 @@ def pair_diffs(groups: dict, a: Variant, b: Variant, seeds) -> dict | None:
     for key in SELECTION_KEYS:
         if any(r.get(key) is not None for r in ra):
             out[key] = _paired(ra, rb, lambda r, k=key: r.get(k))
+    steps = _along_steps(ra + list(rb.values()))
+    if steps:
+        out["heldout_along"] = {str(k): _paired(ra, rb, lambda r, k=k: r["heldout_along"].get(k)) for k in steps}
+    return out
+
+
+def _along_steps(rs: list[dict]) -> list[int]:
+    """The steps after which some of the runs ``rs`` were evaluated on the held-out set."""
+    return sorted({k for r in rs for k in r.get("heldout_along", {})})
+
+
+def heldout_along_rows(vr: list[dict], base: dict | None, steps: list[int]) -> dict:
+    """Held-out accuracy after each of ``steps`` and at the end ("final"), over the runs
+    ``vr`` that have it: mean and 95% t interval, and (``base``: GRPO's runs by seed) the
+    difference from GRPO paired by seed. Each cell's n is in its interval."""
+    getters = {str(k): (lambda r, k=k: r["heldout_along"].get(k)) for k in steps}
+    getters["final"] = lambda r: r.get("heldout")
+    out = {}
+    for col, get in getters.items():
+        have = [r for r in vr if get(r) is not None]
+        out[col] = {"mean": mean_ci([get(r) for r in have]),
+                    "vs_grpo": _paired(have, base, get) if base is not None else None}
     return out
 
 
@@ -193,8 +228,10 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
                     continue
                 into[key] = {"mean": mean_ci([r[key] for r in have]),
                              "vs_grpo": _paired(have, base, lambda r, key=key: r.get(key)) if vs is not None else None}
+        along = _along_steps([r for u in names for r in groups[u] if r["seed"] in seeds])
+        held = heldout_along_rows(vr, base if vs is not None else None, along) if along else None
         rows[v.name] = {"label": v.label, "method": v.method, "n": len(vr), "accuracy": acc, "vs_grpo": vs,
-                        "format_error": fmt, "selection": sel, "mechanism": mech,
+                        "format_error": fmt, "selection": sel, "mechanism": mech, "heldout_along": held,
                         "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None,
                         "mechanism_curves": mechanism_curves(vr, window) if vr else None}
     pairs = [pair_diffs(groups, a, b, seeds) for a, b in GRID_PAIRS.get(grid, ())]
@@ -216,8 +253,7 @@ def aggregate(out, window: int = 5) -> dict:
     for r in runs:
         by_preset.setdefault(r["preset"], []).append(r)
     study = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {"presets": {}}
-    shown = os.path.relpath(out, ROOT) if out.resolve().is_relative_to(ROOT) else str(out)
-    res = {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "out": shown, "presets": {}, "unfinished": [str(d) for d in unfinished],
+    res = {"out": portable(str(out.resolve())), "presets": {}, "unfinished": [portable(str(Path(d).resolve())) for d in unfinished],
            "invocations": _read_jsonl(out / "study_log.jsonl"), "window": window}
     for preset, rs in sorted(by_preset.items()):
         # The setting all runs must share: the one of the GRPO runs, else the commonest.
@@ -225,7 +261,7 @@ def aggregate(out, window: int = 5) -> dict:
         ref = keys.most_common(1)[0][0]
         kept = [r for r in rs if r["setting"] == ref]
         ref_cfg = kept[0]["config"]
-        excluded = [{"dir": r["dir"], "differs_in": config_diff(r["config"], ref_cfg,
+        excluded = [{"dir": portable(str(Path(r["dir"]).resolve())), "differs_in": config_diff(r["config"], ref_cfg,
                                                                 RUNTIME_FIELDS | VARIANT_FIELDS)}
                     for r in rs if r["setting"] != ref]
         sizes = sorted(set.intersection(*(set(r["accuracy"]) for r in kept)))
@@ -258,7 +294,7 @@ def aggregate(out, window: int = 5) -> dict:
         if wpath.exists():
             wev = json.loads(wpath.read_text())
             wacc = {str(n): float(v["accuracy"]) for n, v in wev["per_size"].items() if int(n) in sizes}
-            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": wev.get("model"),
+            warm = {"accuracy": {**wacc, "avg": float(np.mean(list(wacc.values())))}, "model": portable(wev["model"]) if wev.get("model") else None,
                     "format_error": _size_mean(wev, "format_error", sizes),
                     "truncated": _size_mean(wev, "truncated", sizes), "tokens": _size_mean(wev, "mean_tokens", sizes)}
             hpath = wpath.with_name("warm-start-heldout.json")
@@ -266,7 +302,7 @@ def aggregate(out, window: int = 5) -> dict:
                 warm["heldout"] = float(json.loads(hpath.read_text())["overall"]["accuracy"])
         P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
         res["presets"][preset] = {
-            "model": ref_cfg["model"], "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
+            "model": portable(ref_cfg["model"]), "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
             "sizes": sizes, "variants": variants, "grids": grids, "excluded": excluded, "warm_start": warm,
             "budget": {"steps": S, "prompts_per_step": P, "group_size": G, "responses_per_run": S * P * G,
                        "mini_batch_size": ref_cfg["mini_batch_size"],

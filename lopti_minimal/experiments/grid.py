@@ -3,8 +3,8 @@
 Design choices:
 
 1. A variant is one method with its knobs (Variant); a grid is a tuple of variants (GRIDS:
-   the main comparison with the paper's per-method K&K settings, the control arm,
-   REINFORCE++ and the one-knob sweeps).
+   the main comparison with the paper's per-method K&K settings, the control arm, the
+   criterion's controls, REINFORCE++ and the one-knob sweeps).
 2. Two runs belong to one comparison when their configs agree in everything but the
    variant, the seed and the runtime fields (setting_key).
 3. One module for both readers: study.py runs the grids, report.py tabulates them.
@@ -12,11 +12,15 @@ Design choices:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import (ESTIMATORS, LOPTI_ORDERS, METHODS, TOKEN_FIXES, TrainConfig, config_from_json,
-                      config_to_json, paper_settings, uses_ar, uses_lopti)
+from ..config import (ESTIMATORS, LOPTI_ORDERS, LOPTI_SPLITS, METHODS, TOKEN_FIXES, TrainConfig,
+                      config_from_json, config_to_json, paper_settings, uses_ar, uses_lopti)
+from ..paths import work_root
+
+ROOT = work_root()       # the checkout (or, installed, the current folder)
 
 
 class StudyError(ValueError):
@@ -37,6 +41,8 @@ class Variant:
     order: str = "low_first"          # Lopti stage order, Lopti methods only
     ppo_epochs: int = 1               # optimizer passes over each rollout (TrainConfig.ppo_epochs)
     estimator: str = "grpo"           # advantage estimator: grpo | reinforce_pp (REINFORCE++)
+    split: str = "probability"        # Lopti's first stage: pi_old < eta | random, Lopti methods only
+    lr_scale: float = 1.0             # the optimizer's lr = the study's lr x this (TrainConfig.lr_scale)
 
     def __post_init__(self):
         m = self.method
@@ -44,6 +50,8 @@ class Variant:
             raise StudyError(f"unknown method {m!r}: choose one of {', '.join(METHODS)}")
         if self.order not in LOPTI_ORDERS:
             raise StudyError(f"unknown Lopti order {self.order!r}: low_first or high_first")
+        if self.split not in LOPTI_SPLITS:
+            raise StudyError(f"unknown Lopti split {self.split!r}: {' or '.join(LOPTI_SPLITS)}")
         if uses_ar(m) and self.alpha is not None and float(self.alpha) == 0.0:
             m = {"ar": "grpo", "ar_lopti": "lopti"}[m]
         ar, lopti = uses_ar(m), uses_lopti(m)
@@ -51,15 +59,20 @@ class Variant:
         object.__setattr__(self, "alpha", float(self.alpha) if ar and self.alpha is not None else None)
         object.__setattr__(self, "eta", float(self.eta) if lopti and self.eta is not None else None)
         object.__setattr__(self, "order", self.order if lopti else "low_first")
+        object.__setattr__(self, "split", self.split if lopti else "probability")
         object.__setattr__(self, "ppo_epochs", int(self.ppo_epochs))
+        object.__setattr__(self, "lr_scale", float(self.lr_scale))
         if self.estimator not in ESTIMATORS:
             raise StudyError(f"unknown estimator {self.estimator!r}: {', '.join(ESTIMATORS)}")
         if self.ppo_epochs < 1:
             raise StudyError(f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        if not self.lr_scale > 0:
+            raise StudyError(f"lr_scale must be > 0, got {self.lr_scale}")
 
     @property
     def name(self) -> str:
-        """Directory-safe, deterministic: grpo, ar-a0.2, lopti-e0.4-high_first, ..."""
+        """Directory-safe, deterministic: grpo, ar-a0.2, lopti-e0.4-high_first,
+        lopti-e0.4-random, grpo-lrx2, ..."""
         s = self.method
         if self.alpha is not None:
             s += f"-a{self.alpha:g}"
@@ -67,8 +80,12 @@ class Variant:
             s += f"-e{self.eta:g}"
         if self.order != "low_first":
             s += f"-{self.order}"
+        if self.split != "probability":
+            s += f"-{self.split}"
         if self.ppo_epochs != 1:
             s += f"-x{self.ppo_epochs}"
+        if self.lr_scale != 1.0:
+            s += f"-lrx{self.lr_scale:g}"
         if self.estimator != "grpo":
             s = "rpp-" + s
         return s
@@ -82,12 +99,14 @@ class Variant:
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
                 (["high first"] if self.order == "high_first" else []) + \
-                ([f"{self.ppo_epochs} optimizer steps per rollout"] if self.ppo_epochs != 1 else [])
+                ([f"{self.split} split"] if self.split != "probability" else []) + \
+                ([f"{self.ppo_epochs} optimizer steps per rollout"] if self.ppo_epochs != 1 else []) + \
+                ([f"lr ×{self.lr_scale:g}"] if self.lr_scale != 1.0 else [])
         return f"{base} ({', '.join(knobs)})" if knobs else base
 
     def overrides(self) -> dict:
-        """The TrainConfig fields of this variant. lopti_order is passed only when it is
-        not the default, so low-first runs need no trainer support for the option."""
+        """The TrainConfig fields of this variant. A knob is passed only when it is not the
+        default, so the runs of the other variants need no trainer support for it."""
         d = {"method": self.method}
         if self.alpha is not None:
             d["alpha"] = self.alpha
@@ -95,17 +114,23 @@ class Variant:
             d["eta"] = self.eta
         if self.order != "low_first":
             d["lopti_order"] = self.order
+        if self.split != "probability":
+            d["lopti_split"] = self.split
         if self.ppo_epochs != 1:
             d["ppo_epochs"] = self.ppo_epochs
         if self.estimator != "grpo":
             d["estimator"] = self.estimator
+        if self.lr_scale != 1.0:
+            d["lr_scale"] = self.lr_scale
         return d
 
     @classmethod
     def from_config(cls, cfg: dict) -> "Variant":
-        """The variant a run config (run.json["config"]) belongs to."""
-        return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), cfg.get("lopti_order", "low_first"),
-                   cfg.get("ppo_epochs", 1), cfg.get("estimator", "grpo"))
+        """The variant a run config (run.json["config"]) belongs to; a field an older run
+        lacks has the value it ran with (the default)."""
+        return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), order=cfg.get("lopti_order", "low_first"),
+                   ppo_epochs=cfg.get("ppo_epochs", 1), estimator=cfg.get("estimator", "grpo"),
+                   split=cfg.get("lopti_split", "probability"), lr_scale=cfg.get("lr_scale", 1.0))
 
     @property
     def update_passes(self) -> int:
@@ -135,9 +160,26 @@ RPP_AR_LOPTI = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, estim
 # steps per rollout, like AR+Lopti and the control: and at one pass CISPO and KL-Cov would be
 # GRPO's gradient exactly (every ratio is 1 in the first step; token_fixes.py, choice 3).
 TOKEN_FIX_ARMS = tuple(Variant(m, ppo_epochs=2) for m in TOKEN_FIXES)
+# What carries Lopti's effect: its criterion, its stage order, or its larger step per rollout?
+# - order: the stages reversed (high-probability tokens first; the paper's ablation), at each
+#   Lopti arm's eta;
+# - criterion: a first stage of as many tokens as pi_old < eta selects in that batch, drawn at
+#   random (lopti.py, choice 5): two disjoint stages remain, the criterion is gone. For both
+#   Lopti arms: AR+Lopti, the paper's best and train.py's default, splits at another eta with
+#   AR acting on the same low-probability tokens, so its answer need not be Lopti's;
+# - step size: GRPO with one optimizer step per rollout at twice the learning rate, beside
+#   the control's two steps at the same rate.
+LOPTI_HIGH = Variant("lopti", eta=LOPTI.eta, order="high_first")
+AR_LOPTI_HIGH = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, order="high_first")
+LOPTI_RANDOM = Variant("lopti", eta=LOPTI.eta, split="random")
+AR_LOPTI_RANDOM = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, split="random")
+GRPO_LR2 = Variant("grpo", lr_scale=2.0)
+CRITERION = (GRPO, GRPO_X2, GRPO_LR2, LOPTI, LOPTI_HIGH, LOPTI_RANDOM, AR_LOPTI, AR_LOPTI_HIGH,
+             AR_LOPTI_RANDOM)
 GRIDS: dict[str, tuple[Variant, ...]] = {
     "main": MAIN,
     "control": (GRPO, GRPO_X2, LOPTI),
+    "criterion": CRITERION,
     "reinforce_pp": (GRPO, RPP, RPP_AR_LOPTI),
     # alpha = 0 is GRPO (canonicalised), alpha = 0.2 is the main grid's AR.
     "alpha": tuple(Variant("ar", alpha=a) for a in (0.0, 0.1, 0.2, 0.3, 0.5)),
@@ -153,6 +195,12 @@ GRID_PAIRS: dict[str, tuple[tuple[Variant, Variant], ...]] = {
     # Lopti and AR+Lopti against GRPO with as many optimizer steps: what is left of each
     # once the second step is matched (AR+Lopti's runs are the main grid's)
     "control": ((LOPTI, GRPO_X2), (AR_LOPTI, GRPO_X2)),
+    # each Lopti arm against its reversed and its random-split twin (order, criterion); the
+    # random split against the control (two disjoint stages vs every token twice); the
+    # doubled step against GRPO, the control and the Lopti arms
+    "criterion": ((LOPTI_HIGH, LOPTI), (AR_LOPTI_HIGH, AR_LOPTI), (LOPTI_RANDOM, LOPTI),
+                  (AR_LOPTI_RANDOM, AR_LOPTI), (LOPTI_RANDOM, GRPO_X2), (AR_LOPTI_RANDOM, GRPO_X2),
+                  (GRPO_LR2, GRPO), (GRPO_LR2, GRPO_X2), (LOPTI, GRPO_LR2), (AR_LOPTI, GRPO_LR2)),
     "reinforce_pp": ((RPP_AR_LOPTI, RPP),),
     # each later method against AR+Lopti (the paper's best) and against the control (GRPO
     # with as many optimizer steps)
@@ -160,6 +208,8 @@ GRID_PAIRS: dict[str, tuple[tuple[Variant, Variant], ...]] = {
 }
 GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
                "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",
+               "criterion": "What carries Lopti's effect: its criterion (a random split of the same "
+                            "size), its stage order (high first) or its step size (GRPO at 2x lr)",
                "reinforce_pp": "REINFORCE++ as the baseline (the reference's other estimator)",
                "alpha": "Sweep: AR strength alpha (GRPO+AR)",
                "eta": "Sweep: Lopti threshold eta (GRPO+Lopti)",
@@ -186,12 +236,14 @@ PAPER_KK = {
 # =======================================================================================
 
 # Fields that do not change what a run computes (where it writes, how it shows progress,
-# how many threads, and the two memory knobs that change no number: gradient checkpointing,
-# bit-identical gradients, and glibc's mmap threshold; both tested): ignored when configs are
-# compared, so runs from before they were defaults still pair with new ones.
+# how many threads, the two memory knobs that change no number: gradient checkpointing,
+# bit-identical gradients, and glibc's mmap threshold; and the held-out evaluations along the
+# run; all tested): ignored when configs are compared, so runs from before they existed still
+# pair with new ones (such a run has no held-out accuracy along the way: the report says n).
 RUNTIME_FIELDS = {"run_dir", "progress", "plots", "tensorboard", "threads", "cache_dir",
-                  "gradient_checkpointing", "mmap_threshold_mb"}
-VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "ppo_epochs", "estimator", "seed"}
+                  "gradient_checkpointing", "mmap_threshold_mb", "heldout_data", "heldout_steps"}
+VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "lopti_split", "ppo_epochs", "estimator",
+                  "lr_scale", "seed"}
 
 
 def normalised(cfg) -> dict:
@@ -218,6 +270,27 @@ def setting_key(cfg) -> str:
 # =======================================================================================
 
 HELDOUT_FILE = "eval_heldout.json"   # a run's evaluation on the held-out set, beside eval_final.json
+# (its evaluations after earlier steps: runs.heldout_step_file, written by the trainer)
+
+# The repository's top-level folders that a study's paths run through.
+REPO_FOLDERS = ("runs", "results", "data", "docs", "checkpoints", "models", "cache")
+
+
+def portable(arg: str) -> str:
+    """A path (or any command-line argument) as the report and the aggregate show it, the
+    same from any checkout on any machine: an absolute path inside this checkout relative to
+    it; inside another checkout (a study run from a worktree) from its first repository
+    folder on (runs/..., results/...); anywhere else by its last part (.../study), since
+    its folders would name this machine. Anything not absolute as it is."""
+    if not os.path.isabs(arg):
+        return arg
+    p = Path(arg)
+    if p.is_relative_to(ROOT):
+        return p.relative_to(ROOT).as_posix() or "."
+    for i, part in enumerate(p.parts):
+        if part in REPO_FOLDERS:
+            return Path(*p.parts[i:]).as_posix()
+    return f".../{p.name}"
 
 
 def warm_start_eval_path(out, preset: str) -> Path:

@@ -1,10 +1,11 @@
 """The study: GRPO vs GRPO+AR vs GRPO+Lopti vs GRPO+AR+Lopti, several seeds, equal budgets,
 confidence intervals, and the report docs/RESULTS.md.
 
-    python -m lopti_minimal.experiments.study               # main grid: 4 methods x 5 seeds, cpu-tiny
+    python -m lopti_minimal.experiments.study               # main grid and control x 5 seeds, cpu-tiny
+    python -m lopti_minimal.experiments.study --grid criterion  # what carries Lopti's effect
     python -m lopti_minimal.experiments.study --grid all    # + REINFORCE++, alpha, eta, order sweeps
     python -m lopti_minimal.experiments.study --dry-run     # the plan, what is done, a time estimate
-    python -m lopti_minimal.experiments.study --report-only # aggregate finished runs, rewrite the report
+    python -m lopti_minimal.experiments.study --report-only # aggregate finished runs: OUT/RESULTS.md
     python -m lopti_minimal.experiments.study --preset smollm2-cpu --seeds 3 --only grpo,ar_lopti
 
 Design choices (why, in full: docs/STUDY.md; the paper reports one run per method, and at
@@ -18,10 +19,15 @@ our scale seed-to-seed noise is large):
 3. Equal budgets in sampled responses; Lopti's second pass is counted as update compute,
    and the report shows passes per batch and seconds per step.
 4. The paper's per-method K&K settings (the reference's launch scripts): AR alpha 0.2, Lopti
-   eta 0.4, AR+Lopti alpha 0.3 and eta 0.5; one-knob sweeps; runs ordered seed-major.
+   eta 0.4, AR+Lopti alpha 0.3 and eta 0.5; controls and one-knob sweeps; runs ordered
+   seed-major (plan.py).
 5. Statistics: the paper's accuracy (official 3..7-person sets, final evaluation), balanced
-   tables, 95% Student-t intervals, paired differences from GRPO (stats.py).
-6. The report states only what is computed; the HAND-WRITTEN block is the author's.
+   tables, 95% Student-t intervals, paired differences from GRPO (stats.py); held-out
+   accuracy after steps 5 and 10 (the trainer's, --heldout-steps) and at the end (here).
+6. The report states only what is computed; the HAND-WRITTEN block is the author's. It is
+   reproducible: no timestamp or machine path in it, and --report-only writes only what
+   it is asked to (the report and figures where --report / --figures say, else in OUT;
+   study_results.json with --write-aggregate), so a rerun changes no byte.
 7. --jobs J runs J trainer runs at once, threads = cores / J; wall times are recorded.
 """
 from __future__ import annotations
@@ -34,104 +40,36 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from .. import cli, plumbing, runs, trainer
 from ..cli import HelpFormatter
-from ..config import PRESETS, TrainConfig, TrainError, config_from_json, config_to_json, make_config
+from ..config import PRESETS, TrainConfig, TrainError, config_from_json, config_to_json
 from ..plumbing import ROOT
-from ..task.evaluate import evaluate_records, write_eval_json
+from ..task.evaluate import write_eval_json
 from ..task.kk import load_jsonl
-from .aggregate import aggregate, find_runs, read_run
-from .grid import (GRIDS, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, StudyError, Variant, config_diff,
+from .aggregate import aggregate
+from .grid import (GRIDS, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, StudyError, portable,
                    warm_start_eval_path)
+from .plan import (RunSpec, check_existing, dry_run, estimate, plan_runs, run_config,  # noqa: F401 (API)
+                   run_status, supported)
 from .report import format_hours, write_report
 
 DEFAULT_OUT = "runs/study"
 DEFAULT_REPORT = "docs/RESULTS.md"
 DEFAULT_FIGURES = "docs/figures"
 DEFAULT_HELDOUT = "data/heldout3.jsonl"
+# Held-out accuracy along the way, at fixed budgets: after these RL steps of every run (the
+# trainer's evaluation, TrainConfig.heldout_steps), and at the end (evaluate_heldout).
+DEFAULT_HELDOUT_STEPS = (5, 10)
 
 
 # =======================================================================================
-# 2. The plan: which runs, with which configs
+# 2. The warm start: recorded, checked, evaluated once (the plan itself: plan.py)
 # =======================================================================================
-
-@dataclass(frozen=True)
-class RunSpec:
-    preset: str
-    variant: Variant
-    seed: int
-    grid: str                          # the first grid that asked for it
-
-    def run_dir(self, out) -> Path:
-        return Path(out) / self.preset / f"{self.variant.name}-s{self.seed}"
-
-
-def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> list[RunSpec]:
-    """Deduplicated runs, main grid first, seed-major inside a grid (see docstring §4).
-    ``only``: keep these methods (or variant names) only."""
-    names = list(GRIDS) if "all" in grids else list(grids)
-    for g in names:
-        if g not in GRIDS:
-            raise StudyError(f"unknown grid {g!r}: choose from {', '.join(GRIDS)}, all")
-    names.sort(key=list(GRIDS).index)
-    out, seen = [], set()
-
-    def add(g, v, seed):
-        if only and v.method not in only and v.name not in only:
-            return
-        if (v, seed) not in seen:
-            seen.add((v, seed))
-            out.append(RunSpec(preset, v, seed, g))
-
-    # The main grid and its control share the seeds and run seed-major together, so a study
-    # stopped early has complete, paired seeds for both; the sweeps follow.
-    first = [g for g in names if g in ("main", "control")]
-    for seed in range(seeds):
-        for g in first:
-            for v in GRIDS[g]:
-                add(g, v, seed)
-    for g in names:
-        if g not in first:
-            for seed in range(sweep_seeds):
-                for v in GRIDS[g]:
-                    add(g, v, seed)
-    return out
-
-
-def run_config(spec: RunSpec, out, overrides: dict | None = None, threads: int | None = None):
-    """The TrainConfig of one run: the preset, the study-wide overrides, the variant, the
-    seed, and the study's fixed choices (final evaluation on, no tqdm bars inside runs)."""
-    values = dict(overrides or {})
-    values.update(spec.variant.overrides(), seed=spec.seed, run_dir=str(spec.run_dir(out)),
-                  final_eval=True, progress=False, threads=threads)
-    return make_config(spec.preset, **values)
-
-
-def run_status(run_dir) -> str:
-    """"done" (final evaluation written), "resume" (one of our runs, unfinished) or "new"."""
-    run_dir = Path(run_dir)
-    if runs.is_run_dir(run_dir):
-        return "done" if (run_dir / "eval_final.json").exists() else "resume"
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise StudyError(f"{run_dir} exists but is not a lopti-minimal run: move it away")
-    return "new"
-
-
-def check_existing(run_dir, cfg) -> None:
-    """A run to skip or resume must have been made with the config we would use now."""
-    saved = runs.saved_config(run_dir)
-    diff = config_diff(saved, cfg)
-    if diff:
-        raise StudyError(f"{run_dir} was made with a different config ({', '.join(diff)}): "
-                         "use another --out, or the options it was made with")
-
 
 def model_fingerprint(model: str) -> str:
     """SHA-256 of a local model's weights and tokenizer (a folder or a file); for a hub id,
@@ -234,13 +172,12 @@ def evaluate_heldout(run_dir, cfg, heldout) -> Path:
 
 
 def _write_heldout(cfg, heldout, path: Path, source: str | None = None) -> Path:
-    """Evaluate the policy at ``source`` (default cfg.model) on the K&K file ``heldout``."""
+    """Evaluate the policy at ``source`` (default cfg.model) on the K&K file ``heldout``, as
+    the trainer evaluates it along the run (plumbing.evaluate_on)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model, tok = plumbing.load_policy(cfg, source=source)
-    report = evaluate_records(model, tok, load_jsonl(_abs(heldout)), max_new_tokens=cfg.eval_max_new_tokens,
-                              batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
-                              autocast_bf16=cfg.autocast_bf16, progress=False, decoder=cfg.decoder)
+    report = plumbing.evaluate_on(model, tok, cfg, load_jsonl(_abs(heldout)), progress=False)
     report.update(model=source or cfg.model, data=str(heldout))
     write_eval_json(report, path)
     return path
@@ -330,6 +267,14 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
         if status == "done" and heldout and not (Path(cfg.run_dir) / HELDOUT_FILE).exists():
             status = "heldout"
         (skipped if status == "done" else todo).append((spec, cfg, status))
+    # Held-out evaluations along the run need the policy at that step: a run finished without
+    # them (before they existed, or with other --heldout-steps) keeps its gap; the report
+    # gives each cell's n.
+    gaps = [c.run_dir for _, c, _ in skipped
+            if any(not (Path(c.run_dir) / runs.heldout_step_file(k)).exists() for k in c.heldout_steps)]
+    if gaps:
+        echo(f"[study] {len(gaps)} finished run(s) lack a held-out evaluation along the run "
+             f"(e.g. {portable(str(gaps[0]))}): it cannot be added after the run")
     if eval_warm_start:
         for preset in dict.fromkeys(spec.preset for spec, _, _ in todo + skipped):
             cfg = next(c for sp, c, _ in todo + skipped if sp.preset == preset)
@@ -397,45 +342,8 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
 
 
 # =======================================================================================
-# 8. Time estimate and command line
+# 4. The command line and the report's files
 # =======================================================================================
-
-def estimate(todo: list[tuple[RunSpec, object, str]], out, step_seconds=None, eval_seconds=None,
-             jobs: int = 1) -> str:
-    """Rough time to finish ``todo``: per variant (else per method), the mean wall time of
-    its finished runs (resumed runs pro rata); else steps x --step-seconds (x 1.15 per
-    extra update pass) + --eval-seconds. With jobs > 1 the sum is divided by jobs: right
-    when the finished runs' wall times were measured with as many runs at once."""
-    done, _ = find_runs(out)
-    by_name: dict[tuple, list[float]] = {}
-    by_method: dict[tuple, list[float]] = {}
-    for d in done:
-        r = read_run(d)
-        by_name.setdefault((r["preset"], r["variant"].name), []).append(r["wall_s"])
-        by_method.setdefault((r["preset"], r["variant"].method), []).append(r["wall_s"])
-    total, unknown = 0.0, 0
-    for spec, cfg, status in todo:
-        passes = spec.variant.update_passes
-        known = by_name.get((spec.preset, spec.variant.name)) or by_method.get((spec.preset, spec.variant.method)) \
-            or [w for (p, _), ws in by_method.items() if p == spec.preset for w in ws]
-        if known:
-            est = float(np.mean(known))
-        elif step_seconds:
-            est = cfg.steps * step_seconds * 1.15 ** (passes - 1) + (eval_seconds or 0.0)
-        else:
-            unknown += 1
-            continue
-        if status == "resume":
-            ck = runs.checkpoints(cfg.run_dir)
-            est *= 1 - (ck[-1][0] / cfg.steps if ck else 0.0)
-        total += est
-    if unknown == len(todo) and todo:
-        return "no estimate yet (finish one run, or pass --step-seconds S [--eval-seconds E])"
-    s = f"about {format_hours(total)} for {len(todo) - unknown} run(s) at one run at a time"
-    if jobs > 1:
-        s += f" (about {format_hours(total / jobs)} with --jobs {jobs})"
-    return s + (f", {unknown} without an estimate" if unknown else "")
-
 
 def parse_set(items) -> dict:
     """--set KEY=VALUE: VALUE is JSON if it parses (numbers, lists), else a string."""
@@ -460,11 +368,15 @@ STUDY_OPTIONS = ("model", "steps", "prompts_per_step", "group_size", "lr", "max_
 
 
 def build_overrides(a) -> dict:
+    """Every run's TrainConfig fields from the command line: the STUDY_OPTIONS given, --set,
+    and the held-out evaluations along the run (--heldout, --heldout-steps)."""
     o = cli.given(a, TrainConfig, only=STUDY_OPTIONS)
     o.update(parse_set(a.set))
     bad = (VARIANT_FIELDS | RUNTIME_FIELDS | {"final_eval"}) & set(o)
     if bad:
         raise StudyError(f"--set cannot change {', '.join(sorted(bad))}: the study sets these per run")
+    if a.heldout and a.heldout_steps:
+        o.update(heldout_data=a.heldout, heldout_steps=tuple(a.heldout_steps))
     return o
 
 
@@ -476,6 +388,8 @@ def parse_args(argv=None):
     ap.add_argument("--grid", nargs="+", default=["main", "control"], help=f"grids: {', '.join(GRIDS)}, all")
     ap.add_argument("--heldout", default=DEFAULT_HELDOUT,
                     help="K&K file every run's final policy is also evaluated on ('' for none)")
+    ap.add_argument("--heldout-steps", nargs="*", type=int, default=list(DEFAULT_HELDOUT_STEPS),
+                    help="and the policy after these RL steps, by the trainer (none: no values)")
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of the main grid")
     ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds 0..N-1 of the sweeps")
     ap.add_argument("--only", help="comma-separated methods or variant names to keep (e.g. grpo,ar_lopti)")
@@ -486,12 +400,19 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=DEFAULT_OUT, help="study folder: OUT/<preset>/<variant>-s<seed>/")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
     ap.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
-    ap.add_argument("--report", default=DEFAULT_REPORT, help="markdown report to (re)write")
-    ap.add_argument("--figures", default=DEFAULT_FIGURES, help="folder for the report's figures")
+    ap.add_argument("--report", help=f"markdown report to (re)write (after training: {DEFAULT_REPORT}; "
+                    "--report-only: OUT/RESULTS.md)")
+    ap.add_argument("--figures", help=f"folder for the report's figures (after training: {DEFAULT_FIGURES}; "
+                    "--report-only: OUT/figures)")
     ap.add_argument("--window", type=int, default=5, help="moving-average window of the learning curves")
-    ap.add_argument("--report-only", action="store_true", help="no training: aggregate and rewrite the report")
+    ap.add_argument("--report-only", action="store_true",
+                    help="no training: aggregate the runs in OUT and write the report, nothing else")
+    ap.add_argument("--write-aggregate", action="store_true",
+                    help="with --report-only: also (re)write OUT/study_results.json (training always does)")
     ap.add_argument("--no-report", action="store_true", help="train only")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and a time estimate, run nothing")
+    ap.add_argument("--estimate-from", metavar="DIR",
+                    help="for --dry-run: time runs by the finished runs of this study folder (default OUT)")
     ap.add_argument("--step-seconds", type=float, help="for --dry-run before any run finished: s per RL step")
     ap.add_argument("--eval-seconds", type=float, help="for --dry-run: s per final evaluation")
     ap.add_argument("--no-progress", action="store_true")
@@ -516,24 +437,20 @@ def main(argv=None) -> int:
             overrides = build_overrides(a)
             only = set(a.only.split(",")) if a.only else None
             specs = plan_runs(a.grid, a.seeds, a.sweep_seeds, a.preset, only)
-            specs, dropped = _supported(specs, out, overrides)
+            specs, dropped = supported(specs, out, overrides)
             if dropped:
                 print(f"[study] skipped {len(dropped)} run(s) of variants the trainer cannot run: {dropped[0]}",
                       file=sys.stderr)
             if a.dry_run:
-                return _dry_run(specs, out, overrides, a)
+                if a.estimate_from:
+                    a.estimate_from = _abs(a.estimate_from)
+                return dry_run(specs, out, overrides, a)
             r = run_study(specs, out, overrides, jobs=a.jobs, threads=a.threads, progress=not a.no_progress,
                           argv=argv, eval_warm_start=True, heldout=a.heldout or None)
             print(f"[study] this invocation: {format_hours(r['wall_s'])}; ran {len(r['done'])}, "
                   f"skipped {len(r['skipped'])}, failed {len(r['failed'])}")
         if not a.no_report:
-            res = aggregate(out, a.window)
-            out.mkdir(parents=True, exist_ok=True)
-            _write_json(out / "study_results.json", res)
-            again = (f"python -m lopti_minimal.experiments.study --out {a.out} --report-only "
-                     f"--report {a.report} --figures {a.figures}")
-            print(f"[study] report: {write_report(res, _abs(a.report), _abs(a.figures), regenerate=again)} "
-                  f"(aggregate: {out / 'study_results.json'})")
+            write_outputs(a, out)
     except (StudyError, TrainError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -543,39 +460,22 @@ def main(argv=None) -> int:
     return 1 if not a.report_only and r["failed"] else 0
 
 
-def _supported(specs, out, overrides):
-    """Drop runs whose variant the trainer cannot express (high-first Lopti needs
-    TrainConfig.lopti_order); every other config error is raised."""
-    keep, dropped = [], []
-    for s in specs:
-        try:
-            run_config(s, out, overrides)
-            keep.append(s)
-        except TrainError as e:
-            if "lopti_order" not in str(e):
-                raise
-            dropped.append(f"{s.variant.name}-s{s.seed} ({e})")
-    return keep, dropped
-
-
-def _dry_run(specs, out, overrides, a) -> int:
-    rows = []
-    for s in specs:
-        cfg = run_config(s, out, overrides, a.threads)
-        status = run_status(cfg.run_dir)
-        if status != "new":
-            check_existing(cfg.run_dir, cfg)
-        rows.append((s, cfg, status))
-    print(f"{'grid':6} {'run':40} status")
-    for s, cfg, status in rows:
-        print(f"{s.grid:6} {s.preset + '/' + s.variant.name + '-s' + str(s.seed):40} {status}")
-    cfg0 = rows[0][1] if rows else None
-    if cfg0:
-        print(f"budget per run: {cfg0.steps} steps x {cfg0.prompts_per_step} prompts x G={cfg0.group_size} = "
-              f"{cfg0.steps * cfg0.prompts_per_step * cfg0.group_size} sampled responses (every method)")
-    todo = [r for r in rows if r[2] != "done"]
-    print(f"{len(rows)} runs, {len(todo)} to do: " + estimate(todo, out, a.step_seconds, a.eval_seconds, a.jobs))
-    return 0
+def write_outputs(a, out: Path) -> None:
+    """The report of the runs in OUT (design choice 6): after training, docs/RESULTS.md and
+    OUT/study_results.json; with --report-only only what is asked, OUT/RESULTS.md unless
+    --report / --figures say otherwise. The report names its own regenerating command, with
+    portable paths."""
+    default_report, default_figures = ((out / "RESULTS.md", out / "figures") if a.report_only
+                                       else (_abs(DEFAULT_REPORT), _abs(DEFAULT_FIGURES)))
+    report = _abs(a.report) if a.report else default_report
+    figures = _abs(a.figures) if a.figures else default_figures
+    res = aggregate(out, a.window)
+    if not a.report_only or a.write_aggregate:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / "study_results.json", res)
+    again = (f"python -m lopti_minimal.experiments.study --out {portable(str(out))} --report-only "
+             f"--report {portable(str(report))} --figures {portable(str(figures))}")
+    print(f"[study] report: {write_report(res, report, figures, regenerate=again)}")
 
 
 def command() -> int:
