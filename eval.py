@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
     from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
+    from lopti_minimal.precision import attention_kernels
     from lopti_minimal.runs import RUNS_ROOT, resolve_model_source
     from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_eval_json
     try:
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
         records, tag = load_data(a)
         source, run_cfg = resolve_model_source(a.model)
         model, tok = load_model_and_tokenizer(source, device=a.device)
+        attention_kernels(next(model.parameters()).device)    # no cuDNN attention on CUDA
     except (ValueError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -43,7 +43,7 @@ from .lora import load_adapter_state
 from .models import ModelLoadError, count_parameters, default_device, load_model_and_tokenizer, \
     set_gradient_checkpointing
 from .paths import resolve_model, work_root
-from .precision import check_hardware, master_dtype
+from .precision import attention_kernels, check_hardware, master_dtype
 from .task import dataset, kk, reward
 from .task.behaviours import derive_share
 from .task.evaluate import evaluate_records, read_records, write_eval_json
@@ -174,6 +174,7 @@ class Run:
             read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
         validate(cfg)
         check_hardware(cfg)                       # before any model is loaded
+        attention_kernels("cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         # host memory (host_memory.py): large freed blocks go back to the kernel (the config's

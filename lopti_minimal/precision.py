@@ -25,6 +25,12 @@ The design choices, each with its reason:
 4. Hardware is checked before any model is loaded (``check_hardware``): a CUDA device on
    a machine without CUDA, or bf16 on a GPU without it, is a one-line error that says what
    to use instead.
+5. On CUDA, attention never runs cuDNN's kernel (``attention_kernels``); PyTorch's flash
+   and memory-efficient kernels do. Measured on an H200 (torch 2.11, results/gpu/): with
+   cuDNN's kernel, the default tiny run's gradient norm was NaN at step 3 and a later
+   decode step failed inside cuDNN, and sampling took 36 s a step (a new cuDNN graph for
+   each new sequence length); without it, 3 steps ran with finite gradients at ~4 s of
+   sampling a step.
 """
 from __future__ import annotations
 
@@ -78,6 +84,13 @@ def check_hardware(cfg) -> None:
             name = torch.cuda.get_device_name(torch.device(dev if dev != "auto" else "cuda"))
             raise PrecisionError(f"this GPU ({name}) has no bfloat16 (it needs compute capability 8.0+, "
                                  "Ampere or newer): use such a GPU, or --device cpu")
+
+
+def attention_kernels(device) -> None:
+    """Design choice 5: turn off cuDNN's attention for CUDA runs (a process-wide switch of
+    torch's scaled_dot_product_attention, which transformers' attention calls)."""
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def autocast(cfg, device):

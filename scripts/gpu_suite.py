@@ -18,36 +18,34 @@ suite stopped from outside keeps what finished:
 
 The parts, in the order they run, each under its own `timeout` and all within one budget
 (SUITE_BUDGET_S, default 360 s; a part is skipped when less than its minimum is left).
-Estimates for an H200, where a process starts in ~8 s, decoding through transformers'
-forward is launch-bound (~15-25 ms per token for 24-36 layers, more with LoRA's extra
-modules), and the first step of torchao's 8-bit AdamW compiles its kernels (~30-45 s):
+Times on an H200, where a process starts in ~8 s, decoding through transformers' forward
+is launch-bound, and the first step of torchao's 8-bit AdamW compiles its kernels (~30 s):
 
   phase 1, side by side (pass/fail checks, and the tiny run, the one figure taken beside
   other work: its JSON says which of its steps ran alone):
     env       the GPU, driver, versions, whether torchao imports                ~10 s
     tests     pytest -m cuda: the CUDA variants of the device tests (27)        ~40 s  (cap 120)
     ci        train.py --preset ci --device cuda                                ~30 s  (cap 90)
-    tiny      train.py --device cuda --no-eval: the default run's 20 steps      ~70 s  (cap 150)
-  phase 2, one at a time (their seconds and memory peaks are the figures), random
-  weights of the real shapes (scripts/gpu_check.py), most valuable first:
-    3b-lora   qwen2.5-3b --lora-rank 16: does LoRA fit the 3B preset in 24 GB?
-              512 new tokens, one rollout chunk (2 prompts x 8), 1 step         ~75 s  (cap 120)
-    0.5b      qwen2.5-0.5b, the default GPU preset, 4,096 new tokens, one rollout
-              chunk (16 prompts x 8: the largest KV cache of the estimates, and
-              the full-length logits), 1 step                                   ~120 s (cap 170)
-    1.5b      qwen2.5-1.5b (sized for a 24 GB GPU), 512 new tokens, one chunk,
-              1 step                                                            ~65 s  (cap 100)
-    3b        qwen2.5-3b (sized for 40 GB), 512 new tokens, one chunk, 2 steps:
-              the second measures the steady-state peak the others project from
-              their one step (a cut second step leaves the first in its JSON)  ~85 s  (cap 120)
+    tiny      train.py --device cuda --no-eval: the default run's 20 steps      ~85 s  (cap 150)
+  phase 2, side by side as well, random weights of the real shapes
+  (scripts/gpu_check.py, one step each, one rollout chunk). Measured on an H200
+  (results/gpu/): decoding through transformers' forward took 106-139 ms per token
+  for 24-36 layers with the four checks side by side, so one at a time, at 512 or
+  4,096 new tokens, they did not fit a lease; each process's peak memory is its own,
+  so side by side they are measured as alone (their seconds are not):
+    3b-lora   qwen2.5-3b --lora-rank 16, 128 new tokens                       ~70 s
+    0.5b      qwen2.5-0.5b, 256 new tokens (16 prompts x 8)                    ~70 s
+    1.5b      qwen2.5-1.5b, 128 new tokens                                     ~70 s
+    3b        qwen2.5-3b, 128 new tokens                                       ~70 s
+                                                                               (caps 240)
   then the combined gpu_suite.json                                              ~1 s
-  In all ~70 s + ~345 s: at the default budget the last check may be cut after its
-  first step or skipped, which the JSON says; SUITE_BUDGET_S=420 leaves room for all.
+  In all about 4 minutes (measured: 87 s for phase 2 and ~85 s for phase 1 side by side
+  once cuDNN attention was off).
 
-4,096 new tokens only where a memory peak needs them: a random model never samples EOS,
-so every response runs to the budget, and decoding 4,096 tokens costs 1-2 minutes. The
-other checks run 512, and each check's estimate is computed for the sequence it ran, so
-the measured peaks check plumbing.memory_estimate_gb, which gives the 4,096-token figures.
+Short sequences: a random model never samples EOS, so every response runs to the budget,
+and 4,096 new tokens would take 7-9 minutes to decode. Each check's estimate is computed
+for the sequence it ran, so the measured peaks check plumbing.memory_estimate_gb, which
+gives the 4,096-token figures.
 """
 from __future__ import annotations
 
@@ -99,10 +97,10 @@ def parts(smoke: bool, work: Path, out: Path) -> tuple[list[dict], list[dict]]:
         dict(name="tiny", cmd=tiny, cap=150, minimum=30),
     ]
     checks = [  # name, preset, new tokens, steps, extra arguments, cap (the module docstring says why)
-        ("3b-lora", "qwen2.5-3b", 512, 1, ["--lora-rank", "16"], 120),
-        ("0.5b", "qwen2.5-0.5b", 4096, 1, [], 170),
-        ("1.5b", "qwen2.5-1.5b", 512, 1, [], 100),
-        ("3b", "qwen2.5-3b", 512, 2, [], 120),
+        ("3b-lora", "qwen2.5-3b", 128, 1, ["--lora-rank", "16"], 240),
+        ("0.5b", "qwen2.5-0.5b", 256, 1, [], 240),
+        ("1.5b", "qwen2.5-1.5b", 128, 1, [], 240),
+        ("3b", "qwen2.5-3b", 128, 1, [], 240),
     ]
     phase2 = []
     for name, preset, new, steps, extra, cap in checks:
@@ -449,9 +447,11 @@ def main(argv=None) -> int:
         if p["name"] == "env" and (work / "env.json").exists():
             machine.update(json.loads((work / "env.json").read_text()))
         save()
-    # Phase 2: one at a time.
+    # Phase 2: side by side too (peak memory is per process; the docstring says why).
     for p in phase2:
-        runner.wait(runner.start(p))
+        runner.start(p)
+    for p in phase2:
+        runner.wait(p)
         save()
     res = combine(machine, phase1, phase2, work, out, budget, t0, smoke)
     write_json(out / "gpu_suite.json", res)

@@ -91,3 +91,28 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
         precision.check_hardware(make_config("qwen2.5-0.5b"))
     with pytest.raises(TrainError, match="Tesla T4"):          # what the CLI prints as one line
         precision.check_hardware(make_config("qwen2.5-0.5b"))
+
+
+def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
+    """precision.py design choice 5: a CUDA run's attention avoids cuDNN's kernel (on an
+    H200 it made the default run's gradient NaN at step 3, results/gpu/). The switch is
+    process-wide, so it is checked on a CPU: attention_kernels("cuda") turns it off,
+    "cpu" leaves it, and a run on CUDA (or "auto" with CUDA visible) asks for it."""
+    from lopti_minimal import plumbing
+    from lopti_minimal.config import make_config
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        precision.attention_kernels("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        precision.attention_kernels("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+    asked = []
+    monkeypatch.setattr(plumbing, "check_hardware", lambda cfg: None)
+    monkeypatch.setattr(plumbing, "attention_kernels", asked.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for device in ("cuda", "auto", "cpu"):
+        plumbing.Run(make_config("ci", device=device, run_dir=str(tmp_path / device)))
+    assert asked == ["cuda", "cuda", "cpu"]
