@@ -103,8 +103,9 @@ def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
     was = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
-        precision.attention_kernels("cpu")
-        assert torch.backends.cuda.cudnn_sdp_enabled()
+        for device in ("cpu", "auto", torch.device("cpu")):
+            precision.attention_kernels(device)
+            assert torch.backends.cuda.cudnn_sdp_enabled()
         precision.attention_kernels("cuda")
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
@@ -116,3 +117,6 @@ def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
     for device in ("cuda", "auto", "cpu"):
         plumbing.Run(make_config("ci", device=device, run_dir=str(tmp_path / device)))
     assert asked == ["cuda", "cuda", "cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # "auto" on a CPU machine
+    plumbing.Run(make_config("ci", device="auto", run_dir=str(tmp_path / "auto-cpu")))
+    assert asked[-1] == "auto"
