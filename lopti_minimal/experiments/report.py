@@ -322,22 +322,18 @@ def format_hours(s: float) -> str:
 PROTOCOL = [
     "- Every method starts from the same warm start (its SHA-256 is given per preset) with the same "
     "seeds; a seed fixes the prompts of every step and the sampler's random stream, so runs with the "
-    "same seed are paired (common random numbers).",
-    "- **Equal budget**: the same RL steps x prompts per step x G sampled responses for every method. "
-    "Lopti's second stage is a second optimizer pass over the *same* responses: counted as extra "
-    "update compute (2 passes per batch instead of 1, see the cost table), not as extra samples.",
-    "- Methods at the paper's K&K settings: AR alone α=0.2, Lopti alone η=0.4, AR+Lopti α=0.3, η=0.5. "
-    "AR with α=0 is GRPO exactly, so the α=0 point of the sweep is the GRPO row.",
-    "- Accuracy: share of the official test puzzles whose **greedy** response scores 3, from one "
-    "evaluation at the end of each run (the paper averages its last three evaluations). Held-out: "
-    "the 400 three-person puzzles of `data/heldout3.jsonl` (outside the official, RL and warm-start "
-    f"sets), greedy. Steps to 80% derivations: the first RL step whose samples are at least {SELECT_AT:.0%} "
-    "derivations (never = steps + 1).",
-    "- Each table uses only the seeds that all its rows have (said above it), so every row averages the "
-    "same seeds. Cells: mean ± half-width of the 95% Student-t interval over seeds (n-1 degrees of "
-    "freedom). Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; `*` marks an "
-    "interval that excludes 0. Relative = Δ / GRPO mean (its interval treats the GRPO mean as fixed). "
-    "No correction for multiple comparisons.",
+    "same seed are paired.",
+    "- **Equal budget** in sampled responses (RL steps x prompts per step x G). Lopti's second stage is a "
+    "second optimizer pass over the *same* responses: update compute (see the cost table), not samples.",
+    "- The paper's K&K settings: AR alone α=0.2, Lopti alone η=0.4, AR+Lopti α=0.3, η=0.5.",
+    "- Accuracy: share of the official test puzzles whose **greedy** response scores 3, at the end of each "
+    "run (the paper averages its last three evaluations). Held-out: the 400 three-person puzzles of "
+    "`data/heldout3.jsonl`, greedy. Steps to 80% derivations: the first RL step whose samples are at "
+    f"least {SELECT_AT:.0%} derivations (never = steps + 1).",
+    "- Each table uses the seeds all its rows have. Cells: mean ± half-width of the 95% Student-t "
+    "interval over seeds. Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; "
+    "`*` marks an interval that excludes 0. Relative = Δ / GRPO mean. No correction for multiple "
+    "comparisons.",
 ]
 
 
