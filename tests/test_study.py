@@ -384,6 +384,12 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     assert "of 2 methods compared with GRPO, 1 score higher" in compact and "| 0.53 | +35.9% |" in compact
     assert "| GRPO+AR (α=0.2) | 4 | 1 | 1.0 | 0.1 min |" in compact          # cost, all 4 runs
     assert "| 3 people |" not in compact and "Format errors" not in compact     # those: in full
+    # A grid repeats no arm a table above showed on the same seeds, GRPO aside; ×N in names.
+    main, shown = A.aggregate(out)["presets"]["ci"]["grids"]["main"], set()
+    first, again = R._compact_table(main, None, shown), R._compact_table(main, None, shown)
+    assert len(first) == 2 + 3 and [l.split(" |")[0] for l in again[2:3]] == ["| GRPO"]
+    assert again[-1] == "Also in this grid, with the numbers of a table above: GRPO+AR (α=0.2), GRPO+Lopti (η=0.4)."
+    assert R.short("GRPO+Lopti (η=0.4, 2 optimizer steps per rollout)") == "GRPO+Lopti (η=0.4, ×2)"
     text = compact + (tmp_path / "docs" / "RESULTS_TABLES.md").read_text()
     assert "Seeds 0-2 (n = 3 per row)." in text
     assert "| GRPO | 0.300 ± 0.248 | 0.300 ± 0.248 | 0.300 ± 0.248 | – | – |" in text

@@ -17,6 +17,7 @@ Design choices (study.py, design choices 5 and 6):
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -333,7 +334,7 @@ PROTOCOL = [
     "- Each table uses the seeds all its rows have. Cells: mean ± half-width of the 95% Student-t "
     "interval over seeds. Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; "
     "`*` marks an interval that excludes 0. Relative = Δ / GRPO mean. No correction for multiple "
-    "comparisons.",
+    "comparisons. ×2 in a method's name: two optimizer steps per rollout.",
 ]
 
 
@@ -345,11 +346,20 @@ def _along_keys(table: dict) -> list[str]:
     return keys
 
 
-def _compact_table(table: dict, warm: dict | None) -> list[str]:
+def short(label: str) -> str:
+    """A label as the report's tables give it: "N optimizer steps per rollout" is ×N."""
+    return re.sub(r"(\d+) optimizer steps per rollout", r"×\1", label)
+
+
+def _compact_table(table: dict, warm: dict | None, shown: set | None = None) -> list[str]:
     """One row per arm: official accuracy (avg over sizes), held-out accuracy (at the end, and
     after the steps the trainer evaluated it, as differences), steps to 80% derivations; each
-    beside its paired difference from GRPO. A new arm adds a row, never a column."""
-    rows = list(table["rows"].values())
+    beside its paired difference from GRPO. A new arm adds a row, never a column. An arm
+    already in a table above on the same seeds (``shown``: (name, seeds)) is not repeated;
+    GRPO, the baseline, always is."""
+    seeds = tuple(table["seeds"])
+    rows = [r for r in table["rows"].values()
+            if r["label"] == "GRPO" or (r["label"], seeds) not in (shown or set())]
     sel = [c for c in SELECTION_COLS[:2] if any(c[0] in r.get("selection", {}) for r in rows)]
     along = _along_keys(table)
     head = ["accuracy, official (avg)", "Δ vs GRPO [paired 95% CI]"]
@@ -372,8 +382,12 @@ def _compact_table(table: dict, warm: dict | None) -> list[str]:
             cells += [_n_cell(c["mean"], n, dg) if c else "–", _diff_cell(c["vs_grpo"], dg) if c else "–"]
             if key == "heldout":
                 cells += [_diff_cell((row.get("heldout_along") or {}).get(k, {}).get("vs_grpo")) for k in along]
-        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
-    return lines
+        lines.append(f"| {short(row['label'])} | " + " | ".join(cells) + " |")
+    repeated = [short(r["label"]) for r in table["rows"].values() if r not in rows]
+    if shown is not None:
+        shown |= {(r["label"], seeds) for r in table["rows"].values()}
+    return lines + (["", f"Also in this grid, with the numbers of a table above: {', '.join(repeated)}."]
+                    if repeated else [])
 
 
 def _compact_pairs(table: dict) -> list[str]:
@@ -393,7 +407,8 @@ def _compact_pairs(table: dict) -> list[str]:
         cols.append(("steps to 80% derivations", lambda d: _diff_cell(d.get("steps_to_80"), 1)))
     lines = ["Paired comparisons within this grid (A minus B, paired by seed, 95% CI):", "",
              "| A minus B | " + " | ".join(t for t, _ in cols) + " |", "|---|" + "---|" * len(cols)]
-    lines += [f"| {d['a']} minus {d['b']} | " + " | ".join(f(d) for _, f in cols) + " |" for d in pairs]
+    lines += [f"| {short(d['a'])} minus {short(d['b'])} | " + " | ".join(f(d) for _, f in cols) + " |"
+              for d in pairs]
     return lines + [""]
 
 
@@ -479,13 +494,14 @@ def _grid_full(grid: str, table: dict, pr: dict) -> list[str]:
     return L
 
 
-def _grid_compact(grid: str, table: dict, pr: dict) -> list[str]:
+def _grid_compact(grid: str, table: dict, pr: dict, shown: set) -> list[str]:
     L = [f"### {GRID_TITLES[grid]}", "", _seeds_line(grid, table, pr), ""]
-    L += _compact_table(table, pr.get("warm_start") if grid == "main" else None) + [""]
+    L += _compact_table(table, pr.get("warm_start") if grid == "main" else None, shown) + [""]
     if grid == "main":
         s = summary([r for r in table["rows"].values() if r["method"] != "grpo"])
         L += [s, ""] if s else []
-        L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
+        L += ["Beside the paper (its avg is over sizes 3..7, ours over the sizes above; its table per "
+              "size: the full tables):", ""]
         L += _beside_paper(table) + [""]
     return L + _compact_pairs(table)
 
@@ -505,7 +521,7 @@ def _cost_table(pr: dict, full: bool) -> list[str]:
                      f"{t['step_s']:.1f} | {t['sample_s']:.1f} | {t['update_s']:.1f} | {t['eval_s']:.0f} | "
                      f"{format_hours(t['run_wall_s'])} |")
         else:
-            L.append(f"| {v['label']} | {v['n']} | {v['update_passes']} | {t['step_s']:.1f} | "
+            L.append(f"| {short(v['label'])} | {v['n']} | {v['update_passes']} | {t['step_s']:.1f} | "
                      f"{format_hours(t['run_wall_s'])} |")
     return L + [""]
 
@@ -555,8 +571,9 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
     for preset, pr in res["presets"].items():
         L += _preset_intro(preset, pr)
         T += _preset_intro(preset, pr)
+        shown: set = set()
         for grid, table in _shown_grids(pr):
-            L += _grid_compact(grid, table, pr)
+            L += _grid_compact(grid, table, pr, shown)
             T += _grid_full(grid, table, pr)
             if plots:
                 figures_dir.mkdir(parents=True, exist_ok=True)
@@ -575,9 +592,13 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
         L += [_compute_line(pr), ""]
         T += ["### Cost per method (means over all finished runs)", ""] + _cost_table(pr, True)
         T += [_compute_line(pr), ""] + _token_split_table(pr["variants"])
-    L += ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per "
-          "method, 4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the "
-          "last three evaluations):", ""] + _paper_table() + [""]
+    paper = ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per "
+             "method, 4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the "
+             "last three evaluations):", ""] + _paper_table() + [""]
+    if res["presets"]:
+        T += paper          # the report has the paper beside ours (main grid)
+    else:
+        L += paper
     inv = res["invocations"]
     L += ["## Time and machine", ""]
     if inv:
