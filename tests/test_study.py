@@ -495,7 +495,9 @@ def test_heldout_accuracy_along_the_way_is_tabulated_and_paired(tmp_path, fake_m
     compact = report.read_text()
     # The report's row: held-out accuracy after the steps as differences from GRPO, no new table.
     assert "| Δ held-out after step 1 | Δ held-out after step 2 | steps to 80% derivations |" in compact
-    assert "| GRPO+Lopti (η=0.4) minus GRPO+Lopti (η=0.4, high first) |" in compact
+    assert "| GRPO+Lopti (η=0.4, high first) minus GRPO+Lopti (η=0.4) |" in compact
+    assert ("| GRPO (lr ×2) minus GRPO | +0.000 [+0.000, +0.000] | +0.000 [+0.000, +0.000] | "
+            "+0.100 [+0.100, +0.100] * |") in compact                  # a pair's held-out after step 1
     text = compact + (tmp_path / "R_TABLES.md").read_text()
     assert "| method | after step 1 | Δ vs GRPO | after step 2 | Δ vs GRPO | final (step 3) | Δ vs GRPO |" in text
     assert "| GRPO+Lopti (η=0.4, random split) | 0.300 ± 0.430 | +0.100 [-0.148, +0.348] |" in text   # s = .173
