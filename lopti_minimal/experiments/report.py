@@ -338,51 +338,47 @@ PROTOCOL = [
 ]
 
 
-def _along_keys(table: dict) -> list[str]:
-    """The RL steps after which the trainer evaluated the held-out set, as the rows' keys."""
-    keys: list[str] = []
-    for r in table["rows"].values():
-        keys += [k for k in (r.get("heldout_along") or {}) if k != "final" and k not in keys]
-    return keys
-
-
 def short(label: str) -> str:
     """A label as the report's tables give it: "N optimizer steps per rollout" is ×N."""
     return re.sub(r"(\d+) optimizer steps per rollout", r"×\1", label)
+
+
+def _along(items) -> list[str]:
+    """The RL steps after which the trainer evaluated the held-out set, as the items' keys."""
+    keys: list[str] = []
+    for it in items:
+        keys += [k for k in (it.get("heldout_along") or {}) if k != "final" and k not in keys]
+    return keys
+
+
+def _md(first: str, cols: list, items, name) -> list[str]:
+    """A markdown table: a row per item, its name first, then a cell per (title, cell) column."""
+    return [f"| {first} | " + " | ".join(t for t, _ in cols) + " |", "|---|" + "---|" * len(cols)] + \
+        [f"| {name(it)} | " + " | ".join(f(it) for _, f in cols) + " |" for it in items]
 
 
 def _compact_table(table: dict, warm: dict | None, shown: set | None = None) -> list[str]:
     """One row per arm: official accuracy (avg over sizes), held-out accuracy (at the end, and
     after the steps the trainer evaluated it, as differences), steps to 80% derivations; each
     beside its paired difference from GRPO. A new arm adds a row, never a column. An arm
-    already in a table above on the same seeds (``shown``: (name, seeds)) is not repeated;
-    GRPO, the baseline, always is."""
-    seeds = tuple(table["seeds"])
-    rows = [r for r in table["rows"].values()
-            if r["label"] == "GRPO" or (r["label"], seeds) not in (shown or set())]
-    sel = [c for c in SELECTION_COLS[:2] if any(c[0] in r.get("selection", {}) for r in rows)]
-    along = _along_keys(table)
-    head = ["accuracy, official (avg)", "Δ vs GRPO [paired 95% CI]"]
-    for key, title, _ in sel:
-        head += [title, "Δ vs GRPO"]
-        if key == "heldout":
-            head += [f"Δ held-out after step {k}" for k in along]
-    lines = ["| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-    if warm:
-        cells = [f"{warm['accuracy']['avg']:.3f}", ""]
-        for key, _, _ in sel:
-            cells += [f"{warm['heldout']:.3f}" if key == "heldout" and warm.get("heldout") is not None else "", ""]
-            cells += [""] * (len(along) if key == "heldout" else 0)
-        lines.append("| warm start (no RL) | " + " | ".join(cells) + " |")
-    n = len(table["seeds"])
-    for row in rows:
-        cells = [_cell(row["accuracy"]["avg"]), _diff_cell((row.get("vs_grpo") or {}).get("avg"))]
-        for key, _, dg in sel:
-            c = row.get("selection", {}).get(key)
-            cells += [_n_cell(c["mean"], n, dg) if c else "–", _diff_cell(c["vs_grpo"], dg) if c else "–"]
-            if key == "heldout":
-                cells += [_diff_cell((row.get("heldout_along") or {}).get(k, {}).get("vs_grpo")) for k in along]
-        lines.append(f"| {short(row['label'])} | " + " | ".join(cells) + " |")
+    already in a table above on the same seeds (``shown``: (label, seeds)) is named, not
+    repeated; GRPO, the baseline, always has its row."""
+    seeds, n = tuple(table["seeds"]), len(table["seeds"])
+    rows = [r for r in table["rows"].values() if r["label"] == "GRPO" or (r["label"], seeds) not in (shown or set())]
+    sel = lambda r, k: r.get("selection", {}).get(k)                                      # noqa: E731
+    cols = [("accuracy, official (avg)", lambda r: _cell(r["accuracy"]["avg"])),
+            ("Δ vs GRPO [paired 95% CI]", lambda r: _diff_cell((r.get("vs_grpo") or {}).get("avg")))]
+    for key, title, dg in SELECTION_COLS[:2]:
+        if any(sel(r, key) for r in rows):
+            cols += [(title, lambda r, k=key, d=dg: _n_cell(sel(r, k)["mean"], n, d) if sel(r, k) else "–"),
+                     ("Δ vs GRPO", lambda r, k=key, d=dg: _diff_cell(sel(r, k)["vs_grpo"], d) if sel(r, k) else "–")]
+            cols += [(f"Δ held-out after step {s}", lambda r, s=s: _diff_cell(
+                (r.get("heldout_along") or {}).get(s, {}).get("vs_grpo"))) for s in _along(rows) if key == "heldout"]
+    lines = _md("method", cols, rows, lambda r: short(r["label"]))
+    if warm:                    # one greedy evaluation, no seeds: plain values
+        at = {"accuracy, official (avg)": f"{warm['accuracy']['avg']:.3f}",
+              SELECTION_COLS[0][1]: f"{warm['heldout']:.3f}" if warm.get("heldout") is not None else ""}
+        lines.insert(2, "| warm start (no RL) | " + " | ".join(at.get(t, "") for t, _ in cols) + " |")
     repeated = [short(r["label"]) for r in table["rows"].values() if r not in rows]
     if shown is not None:
         shown |= {(r["label"], seeds) for r in table["rows"].values()}
@@ -393,23 +389,14 @@ def _compact_table(table: dict, warm: dict | None, shown: set | None = None) -> 
 def _compact_pairs(table: dict) -> list[str]:
     """The grid's own paired comparisons (GRID_PAIRS), one row each."""
     pairs = table.get("pairs", [])
-    if not pairs:
-        return []
-    along: list[str] = []
-    for d in pairs:
-        along += [k for k in d.get("heldout_along", {}) if k != "final" and k not in along]
     cols = [("accuracy, official (avg)", lambda d: _diff_cell(d["avg"]))]
-    if any("heldout" in d for d in pairs):
-        cols.append(("held-out", lambda d: _diff_cell(d.get("heldout"))))
+    cols += [("held-out", lambda d: _diff_cell(d.get("heldout")))] if any("heldout" in d for d in pairs) else []
     cols += [(f"held-out after step {k}", lambda d, k=k: _diff_cell(d.get("heldout_along", {}).get(k)))
-             for k in along]
-    if any("steps_to_80" in d for d in pairs):
-        cols.append(("steps to 80% derivations", lambda d: _diff_cell(d.get("steps_to_80"), 1)))
-    lines = ["Paired comparisons within this grid (A minus B, paired by seed, 95% CI):", "",
-             "| A minus B | " + " | ".join(t for t, _ in cols) + " |", "|---|" + "---|" * len(cols)]
-    lines += [f"| {short(d['a'])} minus {short(d['b'])} | " + " | ".join(f(d) for _, f in cols) + " |"
-              for d in pairs]
-    return lines + [""]
+             for k in _along(pairs)]
+    cols += [("steps to 80% derivations", lambda d: _diff_cell(d.get("steps_to_80"), 1))] \
+        if any("steps_to_80" in d for d in pairs) else []
+    return ["Paired comparisons within this grid (A minus B, paired by seed, 95% CI):", ""] + \
+        _md("A minus B", cols, pairs, lambda d: f"{short(d['a'])} minus {short(d['b'])}") + [""] if pairs else []
 
 
 def _shown_grids(pr: dict):
@@ -444,7 +431,7 @@ def _seeds_line(grid: str, table: dict, pr: dict) -> str:
                if grid == "main" and pr.get("warm_start") else ""))
 
 
-def _grid_warm(grid: str, pr: dict) -> dict | None:
+def _grid_warm(grid: str, pr: dict) -> dict | None:     # the grids whose tables show the warm start
     return pr.get("warm_start") if grid in ("main", "control", "criterion") else None
 
 
@@ -507,23 +494,16 @@ def _grid_compact(grid: str, table: dict, pr: dict, shown: set) -> list[str]:
 
 
 def _cost_table(pr: dict, full: bool) -> list[str]:
-    b = pr["budget"]
-    if full:
-        L = ["| method | runs | update passes per batch | sampled responses per run | s per RL step "
-             "| of which sampling | of which update | final evaluation s | run wall time |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    else:
-        L = ["| method | runs | update passes per batch | s per RL step | run wall time |", "|---|---|---|---|---|"]
-    for v in pr["variants"].values():
-        t = v["timing"]
-        if full:
-            L.append(f"| {v['label']} | {v['n']} | {v['update_passes']} | {b['responses_per_run']} | "
-                     f"{t['step_s']:.1f} | {t['sample_s']:.1f} | {t['update_s']:.1f} | {t['eval_s']:.0f} | "
-                     f"{format_hours(t['run_wall_s'])} |")
-        else:
-            L.append(f"| {short(v['label'])} | {v['n']} | {v['update_passes']} | {t['step_s']:.1f} | "
-                     f"{format_hours(t['run_wall_s'])} |")
-    return L + [""]
+    """Per method: runs, update passes per batch, seconds per RL step (in full: of which
+    sampling and update, the final evaluation), run wall time; means over all finished runs."""
+    t = lambda v, k, f=".1f": format(v["timing"][k], f)                                  # noqa: E731
+    cols = [("runs", lambda v: str(v["n"])), ("update passes per batch", lambda v: str(v["update_passes"]))]
+    cols += [("sampled responses per run", lambda v: str(pr["budget"]["responses_per_run"]))] if full else []
+    cols += [("s per RL step", lambda v: t(v, "step_s"))]
+    cols += [("of which sampling", lambda v: t(v, "sample_s")), ("of which update", lambda v: t(v, "update_s")),
+             ("final evaluation s", lambda v: t(v, "eval_s", ".0f"))] if full else []
+    cols += [("run wall time", lambda v: format_hours(v["timing"]["run_wall_s"]))]
+    return _md("method", cols, pr["variants"].values(), lambda v: v["label"] if full else short(v["label"])) + [""]
 
 
 def _compute_line(pr: dict) -> str:
@@ -548,7 +528,6 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
     report-only command with default paths)."""
     path, figures_dir = Path(path), Path(figures_dir)
     tables = Path(tables) if tables else path.with_name(path.stem + "_TABLES.md")
-    hand = _hand_block(path)
     rel = lambda p, frm=path: os.path.relpath(p, Path(frm).parent).replace(os.sep, "/")   # noqa: E731
     again = regenerate or "python -m lopti_minimal.experiments.study --report-only"
     L = ["# Results: GRPO vs AR vs Lopti on Knights and Knaves, at small scale", "",
@@ -588,17 +567,14 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
                     fm = plot_mechanism(table, figures_dir / f"study-{preset}-{grid}-mechanism.png",
                                         f"{preset}: {GRID_TITLES[grid]}", res["window"])
                     T += [f"![mechanism, {grid}]({rel(fm, tables)})", ""]
-        L += ["### Cost per method (means over all finished runs)", ""] + _cost_table(pr, False)
-        L += [_compute_line(pr), ""]
-        T += ["### Cost per method (means over all finished runs)", ""] + _cost_table(pr, True)
-        T += [_compute_line(pr), ""] + _token_split_table(pr["variants"])
-    paper = ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per "
-             "method, 4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the "
-             "last three evaluations):", ""] + _paper_table() + [""]
-    if res["presets"]:
-        T += paper          # the report has the paper beside ours (main grid)
-    else:
-        L += paper
+        for X, full in ((L, False), (T, True)):
+            X += ["### Cost per method (means over all finished runs)", ""] + _cost_table(pr, full)
+            X += [_compute_line(pr), ""]
+        T += _token_split_table(pr["variants"])
+    (T if res["presets"] else L).extend(      # with runs, the report has the paper beside ours
+        ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per method, "
+         "4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the last three "
+         "evaluations):", ""] + _paper_table() + [""])
     inv = res["invocations"]
     L += ["## Time and machine", ""]
     if inv:
@@ -617,7 +593,7 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
         L.append("- No study invocation recorded yet.")
     if res["unfinished"]:
         L.append(f"- Unfinished runs (the same command resumes them): {len(res['unfinished'])}.")
-    L += ["", "## Discussion", "", HAND_BEGIN + hand + HAND_END, ""]
+    L += ["", "## Discussion", "", HAND_BEGIN + _hand_block(path) + HAND_END, ""]
     if res["presets"]:
         _write(tables, T)
     _write(path, L)
