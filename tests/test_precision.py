@@ -97,7 +97,7 @@ def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
     """precision.py design choice 5: a CUDA run's attention avoids cuDNN's kernel (on an
     H200 it made the default run's gradient NaN at step 3, results/gpu/). The switch is
     process-wide, so it is checked on a CPU: attention_kernels("cuda") turns it off,
-    "cpu" leaves it, and a run on CUDA (or "auto" with CUDA visible) asks for it."""
+    "cpu" leaves it, and a run on CUDA (or "auto" with CUDA visible) asks for it, "auto" without CUDA does not."""
     from lopti_minimal import plumbing
     from lopti_minimal.config import make_config
     was = torch.backends.cuda.cudnn_sdp_enabled()
@@ -115,4 +115,6 @@ def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for device in ("cuda", "auto", "cpu"):
         plumbing.Run(make_config("ci", device=device, run_dir=str(tmp_path / device)))
-    assert asked == ["cuda", "cuda", "cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # "auto" on a CPU machine
+    plumbing.Run(make_config("ci", device="auto", run_dir=str(tmp_path / "auto-cpu")))
+    assert asked == ["cuda", "cuda", "cpu", "cpu"]
