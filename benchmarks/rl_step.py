@@ -10,8 +10,8 @@ of the preset, the prompts of step 0, 1, ... exactly as `train.py` picks them), 
 preset's numerics (bf16 autocast on a CPU, float32 master weights):
 
 sampler  rollout tokens/s: `trainer.rollout` (our `sample_groups`, the preset's decoder:
-         decode.py's lean loop on a CPU; "ours_hf": decoder="hf", transformers' forward,
-         static KV cache) against transformers `model.generate` on the same model, prompts,
+         decode.py's lean step on a CPU; "ours_hf": decoder="hf", transformers' forward
+         over decode.KVCache) against transformers `model.generate` on the same model, prompts,
          batch (prompts x G rows), temperature (no top-k/top-p), length, autocast. Two modes:
          "eos"   rows stop at EOS (the RL setting; lengths differ by sampler RNG, so
                  compare tokens/s, not seconds);
@@ -147,7 +147,7 @@ def part_sampler(S: Setup, args) -> dict:
     B, eos = ids.shape[0], tok.eos_token_id
     model.eval()
 
-    def ours(fixed: bool, seed: int, filled_prefix: bool = True, decoder: str = cfg.decoder):
+    def ours(fixed: bool, seed: int, decoder: str = cfg.decoder):
         gen = plumbing.step_generator(cfg.seed, seed, S.device)
         if not fixed:        # exactly what rl_step calls (with this decoder)
             ro = T.rollout(model, tok, prompts, replace(cfg, decoder=decoder), gen)
@@ -156,14 +156,12 @@ def part_sampler(S: Setup, args) -> dict:
                 ro = sample_groups(model, prompts, G, R, temperature=cfg.temperature,
                                    top_p=cfg.top_p, top_k=cfg.top_k, eos_token_id=[],
                                    pad_token_id=tok.pad_token_id, generator=gen, decoder=decoder,
-                                   logprobs=not cfg.recompute_old_logprobs, filled_prefix=filled_prefix)
+                                   logprobs=not cfg.recompute_old_logprobs)
         return int(ro.response_mask.sum())
 
     def ours_hf(fixed: bool, seed: int):            # transformers' forward as the decode step
         return ours(fixed, seed, decoder="hf")
 
-    def ours_whole(fixed: bool, seed: int):         # ours_hf attending the whole static cache
-        return ours(fixed, seed, filled_prefix=False, decoder="hf")
 
     def hf(fixed: bool, seed: int):
         torch.manual_seed(seed)
@@ -183,7 +181,7 @@ def part_sampler(S: Setup, args) -> dict:
     res = {"rows": B, "prompts": len(prompts), "prompt_len_max": int(ids.shape[1]),
            "max_new_tokens": R}
     both = (("ours", ours), ("ours_hf", ours_hf))
-    contenders = {"fixed": both + (("ours_whole", ours_whole), ("generate", hf)), "eos": both + (("generate", hf),)}
+    contenders = {mode: both + (("generate", hf),) for mode in ("fixed", "eos")}
     for mode in ("fixed", "eos"):
         fixed = mode == "fixed"
         for name, fn in contenders[mode]:
@@ -211,8 +209,6 @@ def part_sampler(S: Setup, args) -> dict:
                   f"{res[f'{mode}_{name}_tok_s']:>11.0f}")
         print(f"{mode:8}ours / generate tokens/s = {res[f'{mode}_speedup']:.2f}  (goal >= 1); ours "
               f"(decoder {cfg.decoder}) / ours_hf = {res[f'{mode}_lean_speedup']:.2f}")
-    res["filled_prefix_speedup"] = res["fixed_ours_hf_tok_s"] / res["fixed_ours_whole_tok_s"]
-    print(f"fixed   ours_hf / ours_hf attending the whole static cache = {res['filled_prefix_speedup']:.2f}")
     return res
 
 
@@ -228,7 +224,7 @@ def rollout_batch(S: Setup, step: int = 0):
     from lopti_minimal.grpo import batch_logprobs, group_advantages, sort_by_length, token_advantages
     from lopti_minimal.precision import autocast
     from lopti_minimal.reweight import reweight_advantages
-    from lopti_minimal.sampling import decode_responses
+    from lopti_minimal.batch import decode_responses
     cfg = S.cfg
     records, prompts = S.step_prompts(step)
     ro = T.rollout(S.model, S.tok, prompts, cfg, plumbing.step_generator(cfg.seed, step, S.device))

@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from .sampling import Rollout, position_ids_from_mask
+from .batch import Rollout, position_ids_from_mask
 
 
 # ------------------------------------------------------------------- advantages

@@ -35,8 +35,8 @@ import dataclasses
 import numpy as np
 import torch
 
+from .batch import Rollout
 from .grpo import batch_logprobs, grpo_update
-from .sampling import Rollout
 
 
 def split_by_probability(old_logprobs: torch.Tensor, response_mask: torch.Tensor,

@@ -71,9 +71,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .batch import Rollout
 from .config import TOKEN_FIXES
 from .grpo import batch_logprobs, policy_loss
-from .sampling import Rollout
 
 # The TrainConfig fields these methods read (defaults and help there).
 OPTIONS = ("entropy_top_quantile", "cispo_eps_low", "cispo_eps_high", "clip_cov_ratio",

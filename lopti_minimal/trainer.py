@@ -3,7 +3,7 @@
 `rl_step` reads as the paper: sample G responses per prompt from pi_old, score them with
 the rule-based reward, compute the advantages, reweight them (AR, Eq. 4), and update the
 policy (Lopti's two stages, Algorithm 1, or one GRPO update, Eq. 1). One typed batch
-(sampling.Rollout) carries the step's data from the sampler to the update; each quantity is
+(batch.Rollout) carries the step's data from the sampler to the update; each quantity is
 computed once and added to it. `train` is the loop around it. What it takes to run them
 (seeds, data, the run directory, resume, checkpoints, logs, evaluation hooks, the step's
 metrics) is in plumbing.py, which a reader of the method can skip; precision.py holds the
@@ -33,7 +33,8 @@ from .lopti import lopti_update, split_by_probability, split_generator
 from .lora import add_lora
 from .models import encode_prompts
 from .reweight import reweight_advantages
-from .sampling import Rollout, concat_rollouts, decode_responses, sample_groups
+from .sampling import sample_groups
+from .batch import Rollout, concat_rollouts, decode_responses
 from .task.reward import score_response
 
 

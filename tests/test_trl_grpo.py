@@ -28,7 +28,7 @@ from dataclasses import replace  # noqa: E402
 from lopti_minimal import config as T  # noqa: E402
 from lopti_minimal.grpo import (batch_logprobs, group_advantages, grpo_update,  # noqa: E402
                                 token_advantages)
-from lopti_minimal.sampling import Rollout  # noqa: E402
+from lopti_minimal.batch import Rollout  # noqa: E402
 from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
 from lopti_minimal.reweight import reweight_advantages  # noqa: E402
 from lopti_minimal.sampling import sample_groups  # noqa: E402
@@ -222,7 +222,7 @@ def run_ours(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_c
     prompts = torch.tensor([setting["prompt_ids"][i // G] for i in range(len(comps))])
     batch = Rollout(input_ids=torch.cat([prompts, resp], 1),
                     attention_mask=torch.cat([torch.ones_like(prompts), rmask.long()], 1),
-                    response_ids=resp, response_mask=rmask, prompt_len=prompts.shape[1], group_size=G)
+                    response_ids=resp, response_mask=rmask, prompt_len=prompts.shape[1])
     batch = replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
     adv = token_advantages(group_advantages(rewards, G), rmask)
     if cfg.uses_ar:
@@ -409,7 +409,7 @@ def _prepared(setting, method, tmp_path):
               "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old,
               "ref_per_token_logps": ref, "num_items_in_batch": cmask.sum()}
     batch = Rollout(input_ids=ids, attention_mask=am, response_ids=cids, response_mask=cmask.float(),
-                    prompt_len=pids.shape[1], group_size=G, old_logprobs=old, advantages=adv,
+                    prompt_len=pids.shape[1], old_logprobs=old, advantages=adv,
                     ref_logprobs=ref)
     return trainer, model, inputs, batch, cfg
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..batch import Rollout
 from ..config import PAPER_METHODS, PAPER_SETTINGS, TrainConfig
 from ..grpo import batch_logprobs, group_advantages, grpo_update, token_advantages, token_logprobs
 from ..lopti import lopti_update
@@ -43,7 +44,7 @@ from ..mechanism import BIN_LABELS, N_BINS, bin_index, bin_masks
 from ..models import is_instruct, kk_prompt, load_model_and_tokenizer
 from ..precision import build_optimizer
 from ..reweight import reweight_advantages
-from ..sampling import Rollout, sample_groups
+from ..sampling import sample_groups
 from ..task import dataset
 from ..task.reward import score_response
 

@@ -33,9 +33,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..batch import decode_responses
 from ..models import adds_bos, kk_prompt
 from ..precision import free_memory
-from ..sampling import decode_responses, sample_groups
+from ..sampling import sample_groups
 from .kk import load_jsonl
 from .reward import score_response
 
