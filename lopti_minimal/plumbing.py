@@ -39,6 +39,7 @@ from tqdm import tqdm
 from . import host_memory, runs
 from .config import TrainConfig, TrainError, config_from_json, config_to_json, validate
 from .grpo import kl_k3
+from .lopti import low_fraction
 from .lora import load_adapter_state
 from .models import ModelLoadError, count_parameters, default_device, load_model_and_tokenizer, \
     set_gradient_checkpointing
@@ -402,12 +403,13 @@ def _eval_text(ev: dict) -> str:
 # The step's metrics
 # =======================================================================================
 
-def step_metrics(cfg: TrainConfig, step: int, rewards: torch.Tensor, texts: list[str], batch,
-                 stages: tuple, low: float, probe, fix, seconds: dict) -> dict:
-    """The flat dict one RL step logs (metrics.jsonl): the samples, the update (``stages``:
-    grpo_update's metrics, one per Lopti stage in the order they ran), the mechanism
-    (``probe``), the times."""
+def step_metrics(cfg: TrainConfig, step: int, sb, stages: tuple, probe, fix, seconds: dict) -> dict:
+    """The flat dict one RL step logs (metrics.jsonl): the samples (``sb``: trainer.make_batch's
+    StepBatch), the update (``stages``: grpo_update's metrics, one per Lopti stage in the order
+    they ran), the mechanism (``probe``), the times."""
+    batch, rewards, texts = sb.batch, sb.rewards, sb.texts
     mask = batch.response_mask
+    low = low_fraction(batch.old_logprobs, mask, cfg.low_eta)
     lengths = mask.sum(1)                          # response tokens per row
     n_tok = float(lengths.sum())
     # KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.
