@@ -32,7 +32,7 @@ import torch
 
 from . import mechanism, plumbing, precision, token_fixes
 from .batch import Rollout, concat_rollouts, decode_responses
-from .config import TOKEN_FIXES, TrainConfig, TrainError
+from .config import TrainConfig, TrainError
 from .grpo import (batch_logprobs, grpo_update, group_advantages, reinforce_pp_advantages,
                    sort_by_length, token_advantages)
 from .lopti import lopti_update, split_generator
@@ -128,7 +128,7 @@ def reweight(batch: Rollout, cfg: TrainConfig) -> Rollout:
 def policy_term(model, batch: Rollout, cfg: TrainConfig, step: int):
     """--- beyond the paper: a later method's per-token policy term (token_fixes.py), its
     token selections made here, once, from pi_old; None for the paper's methods."""
-    if cfg.method not in TOKEN_FIXES:
+    if not cfg.uses_token_fix:
         return None
     return token_fixes.build(cfg.method, model, batch, cfg, token_fixes.selection_generator(cfg.seed, step))
 

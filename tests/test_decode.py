@@ -267,7 +267,8 @@ def test_decoder_option():
     """auto is lean on a CPU and hf elsewhere; a wrong name is an error in sample_groups and
     in TrainConfig (the trainer passes cfg.decoder, train.py --decoder sets it); a run saved
     before the option existed reads back as hf, the decoder it sampled with."""
-    from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
+    from lopti_minimal.config import TrainError, make_config
+    from lopti_minimal.runs import config_from_json, config_to_json
     cpu = torch.device("cpu")
     assert decode.resolve("auto", cpu) == "lean" and decode.resolve("hf", cpu) == "hf"
     assert decode.resolve("auto", torch.device("cuda")) == "hf"

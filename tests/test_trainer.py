@@ -8,7 +8,8 @@ import torch
 
 from conftest import ROOT, load_script
 from lopti_minimal import config, decode, models, plumbing, precision, runs, trainer
-from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
+from lopti_minimal.config import TrainError, make_config
+from lopti_minimal.runs import config_from_json, config_to_json
 
 # what differs between two runs of the same numbers: times, and the host's resident memory
 TIMING = ("sample_s", "update_s", "step_s", "mechanism_s", "peak_rss_gb")
