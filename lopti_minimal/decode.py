@@ -2,19 +2,16 @@
 next logits. Two steps, one interface (`make_decoder` picks one; TrainConfig.decoder):
 
     prefill(ids, mask, positions, G) -> logits [B, V] at each row's last prompt position
-    step(tok, pos, alive)            -> logits [b, V] after tokens tok [b] at positions pos [b]
+    step(tok, pos)                   -> logits [b, V] after tokens tok [b] at positions pos [b]
     keep(rows)                       drop the other rows (the loop's compaction)
 
-HFDecoder is transformers' forward over `KVCache` (decoder="hf"; any model). LeanDecoder
-(decoder="lean", "auto" on a CPU; Llama and Qwen2) does the same arithmetic in fewer, larger
-ops, because transformers' forward spends a decode step of a small model on per-op overhead
-and on a CPU attention kernel made for long queries (benchmarks/sampler_speed.py --profile):
-q/k/v and gate/up fused into one matmul each, float32 key/value buffers and attention as two
-batched matmuls, rotary cos/sin from one table, a group's prompt read once (LeanDecoder).
-Every op but attention is transformers' op in its dtype (tests/test_decode.py swaps
-transformers' attention in and gets its tokens); transformers' bf16 attention rounds its
-softmax weights to bf16, so under autocast the logits agree to bf16 rounding, and a sampled
-token differs where a logit's last bits decide it (~0.1% of tokens on checkpoints/tiny-warm).
+HFDecoder: transformers' forward over `KVCache` (decoder="hf"; any model). LeanDecoder
+(decoder="lean", "auto" on a CPU; Llama and Qwen2): the same ops in fewer, larger ones, since
+transformers' forward spends a small model's decode step on per-op overhead and on a CPU
+attention kernel made for long queries (benchmarks/sampler_speed.py --profile). All but
+attention are transformers' ops in its dtypes (tests/test_decode.py swaps its attention in and
+gets its tokens); its bf16 attention rounds the softmax weights to bf16 and ours does not, so
+under autocast a token differs where a logit's last bits decide it (~0.1% on tiny-warm).
 """
 from __future__ import annotations
 
@@ -53,9 +50,8 @@ def autocast_dtype(device: torch.device):
 
 def full_attention(cfg) -> bool:
     """Whether every layer of the model attends to all earlier positions (no sliding window)."""
-    types = getattr(cfg, "layer_types", None)
-    if types:
-        return all(t == "full_attention" for t in types)
+    if getattr(cfg, "layer_types", None):
+        return all(t == "full_attention" for t in cfg.layer_types)
     return getattr(cfg, "sliding_window", None) is None and not getattr(cfg, "use_sliding_window", False)
 
 
@@ -91,11 +87,9 @@ class _KVLayer(CacheLayerMixin):
         self.max_len, self.dtype, self.n = max_len, dtype, 0
 
     def lazy_initialization(self, key_states, value_states):
-        dtype = self.dtype or key_states.dtype
-        self.keys = key_states.new_zeros(key_states.shape[:2] + (self.max_len, key_states.shape[-1]), dtype=dtype)
-        self.values = value_states.new_zeros(value_states.shape[:2] + (self.max_len, value_states.shape[-1]),
-                                             dtype=dtype)
-        self.is_initialized = True
+        def buffer(x):      # [B, kv_heads, max_len, D]
+            return x.new_zeros(x.shape[:2] + (self.max_len, x.shape[-1]), dtype=self.dtype or key_states.dtype)
+        self.keys, self.values, self.is_initialized = buffer(key_states), buffer(value_states), True
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -117,12 +111,10 @@ class _KVLayer(CacheLayerMixin):
 
 
 class KVCache(Cache):
-    """transformers' cache interface over preallocated keys and values, attention handed
-    only the filled prefix (P + t positions at step t). Why not transformers' own: a
-    DynamicCache re-copies itself at every step (concatenation: a third of the tiny model's
-    sampling time on a CPU), a StaticCache hands attention all max_len positions, the
-    unwritten tail masked. Under autocast it stores the autocast dtype, what attention is
-    handed either way, cast once when written instead of at every step."""
+    """transformers' cache interface over preallocated keys and values, attention handed only
+    the filled prefix (P + t positions at step t); a DynamicCache re-copies itself at every
+    step, a StaticCache hands attention all max_len positions. Under autocast it stores the
+    autocast dtype, what attention is handed either way, cast once when written."""
 
     def __init__(self, n_layers: int, max_len: int, dtype: torch.dtype | None = None):
         super().__init__(layers=[_KVLayer(max_len, dtype) for _ in range(n_layers)])
@@ -130,7 +122,8 @@ class KVCache(Cache):
 
 class HFDecoder:
     """transformers' forward as the decode step, every row through the prefill, over `KVCache`
-    (DynamicCache for sliding-window layers); a stopped row is masked until the loop drops it."""
+    (DynamicCache for sliding-window layers). A stopped row attends on to its own tokens until
+    the loop drops it, as in `model.generate`: only its own logits, unused, depend on them."""
 
     def __init__(self, model, max_len: int, kv_dtype: torch.dtype | None):
         cfg = model.config
@@ -139,14 +132,13 @@ class HFDecoder:
             else DynamicCache(config=cfg)
 
     def prefill(self, ids, mask, positions, group_size: int = 1):
-        self.mask = torch.cat([mask, mask.new_zeros(mask.shape[0], self.max_len - mask.shape[1])], 1)
+        self.mask = torch.cat([mask, mask.new_ones(mask.shape[0], self.max_len - mask.shape[1])], 1)
         self.n = mask.shape[1]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1, cache=self.cache)
         return out.logits[:, -1, :]
 
-    def step(self, tok, pos, alive):
-        self.mask[:, self.n] = alive
+    def step(self, tok, pos):
         self.n += 1
         out = self.model(input_ids=tok[:, None], attention_mask=self.mask[:, :self.n],
                          position_ids=pos[:, None], use_cache=True, cache=self.cache)
@@ -172,11 +164,11 @@ def _cat_linear(mods, dtype):
 
 
 class LeanDecoder:
-    """The lean decode step (module docstring). Until the first `keep`, a group of G > 1
-    equal prompts keeps its prompt's keys and values once ([groups, kv_heads, P, D]), attended
-    to by one matmul per group and head with the G rows as query rows: the prompt, most of
-    what attention reads early on (all along for SmolLM2's long chat prompt), is read once
-    per group. `keep` gives each kept row its own copy, and attention is per row from then."""
+    """The lean decode step: q/k/v and gate/up fused into one matmul each, float32 key/value
+    buffers, attention as two batched matmuls, rotary cos/sin from one table. Until the first
+    `keep`, a group of G equal prompts keeps its prompt's keys and values once, attended to
+    with the G rows as query rows: the prompt, most of what attention reads early on, is read
+    once per group. `keep` gives each kept row its own copy, and attention is per row."""
 
     def __init__(self, model, batch: int, max_len: int, cdt: torch.dtype | None):
         cfg = model.config
@@ -188,7 +180,7 @@ class LeanDecoder:
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
         self.rep = self.H // self.Hkv
         self.scale = self.base.layers[0].self_attn.scaling
-        self.B, self.L, self.n = batch, max_len, 0   # rows, positions buffered, filled
+        self.L, self.n = max_len, 0                  # positions buffered, filled
         self.G = self.P = None                       # group size of the prompt layout (None: per row)
         self.layers = []
         for layer in self.base.layers:
@@ -204,9 +196,8 @@ class LeanDecoder:
                 v=torch.empty(batch, self.Hkv, max_len, self.D, device=dev)))
         self.head = _cat_linear([model.lm_head], self.cdt)
         self.norm = self.base.norm
-        # cos/sin of every position, by the model's own rotary module (float32 positions,
-        # like transformers' per-step call); with the sign of rotate_half folded into sin:
-        # x * cos + rotate_half(x) * sin == x * cos + roll(x, D/2) * sin_signed
+        # cos/sin of every position by the model's rotary module, the sign of rotate_half in
+        # sin: x * cos + rotate_half(x) * sin == x * cos + roll(x, D/2) * sin_signed
         cos, sin = self.base.rotary_emb(emb[:1], position_ids=torch.arange(max_len + 1, device=dev)[None])
         half = self.D // 2
         self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
@@ -214,9 +205,8 @@ class LeanDecoder:
         self.mask = torch.zeros(batch, self.Hkv, 1, max_len, device=dev)
 
     def prefill(self, ids, mask, positions, group_size: int = 1):
-        """transformers' forward over the prompts, once per group of ``group_size`` equal
-        prompts (sample_groups' layout): the logits of their last position, their keys and
-        values in the compute dtype (as autocast hands them to attention)."""
+        """transformers' forward over each group's prompt once (sample_groups' layout): its
+        last logits, its keys and values in the compute dtype (what autocast's attention sees)."""
         G, P = group_size, ids.shape[1]
         cache = KVCache(len(self.layers), P, self.cdt)
         out = self.model(input_ids=ids[::G], attention_mask=mask[::G], position_ids=positions[::G],
@@ -235,9 +225,8 @@ class LeanDecoder:
         return out.logits[:, -1, :].repeat_interleave(G, 0)
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Each buffer replaced by a fresh one of these rows' n filled positions, one at a time:
-        in place, the pages of the stopped rows would stay resident to the end of a long
-        evaluation batch; the old buffer (above the mmap threshold) goes back to the kernel."""
+        """Each buffer replaced by a fresh one of these rows, one at a time: in place, the
+        stopped rows' pages would stay resident; the old buffer goes back to the kernel."""
         b, n, P = len(rows), self.n, self.P
         for buf in self.layers:
             for name in ("k", "v"):
@@ -249,21 +238,18 @@ class LeanDecoder:
                     new[:, :, :n] = x[rows, :, :n]
                 buf[name] = new
                 del x
-        self.B = b
         self.mask = self.mask[rows]
         self.G = self.P = None
 
-    def step(self, tok: torch.Tensor, pos: torch.Tensor, alive=None) -> torch.Tensor:
-        """``alive`` is not needed: a row attends to all its own tokens, and the logits of
-        a row that has stopped are not used."""
-        with torch.autocast(tok.device.type, enabled=False):      # the step casts by itself
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The ops of transformers' forward, in its dtypes, but for attention (autocast off:
+        the step casts by itself)."""
+        with torch.autocast(tok.device.type, enabled=False):
             logits = self.forward(tok, pos, self.n)
         self.n += 1
         return logits
 
     def forward(self, tok: torch.Tensor, pos: torch.Tensor, n: int) -> torch.Tensor:
-        """The decode step with n positions filled: the ops of transformers' forward, in its
-        dtypes, but for attention."""
         b, H, Hkv, D, rep, cdt = tok.shape[0], self.H, self.Hkv, self.D, self.rep, self.cdt
         cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)    # [b, 1, D]
         attend = self.attend_grouped if self.G else self.attend
@@ -292,11 +278,10 @@ class LeanDecoder:
         return torch.bmm(torch.baddbmm(mask, q, k.transpose(1, 2), alpha=self.scale).softmax(-1), v)
 
     def attend_grouped(self, q, k, v, mask, buf):
-        """`attend` in the group layout: the prompt part from the group's keys and values
-        (one matmul per group and kv head, G * rep query rows), the response part (k, v
-        from position P on) per row, one softmax over both."""
+        """`attend` in the group layout: the prompt part from the group's keys and values (G *
+        rep query rows per group and kv head), the response part per row, one softmax."""
         G, P, Hkv, rep, D = self.G, self.P, self.Hkv, self.rep, self.D
-        ng = self.B // G
+        ng = q.shape[0] // (Hkv * G)
 
         def groups(x):       # [B * Hkv, rep, N] rows <-> [groups * Hkv, G * rep, N] groups
             return x.view(ng, G, Hkv, rep, -1).transpose(1, 2).reshape(ng * Hkv, G * rep, -1)

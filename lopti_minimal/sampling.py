@@ -3,20 +3,19 @@ sampling temperature, in one loop.
 
 Design choices:
 
-1. For every sampled token o_t its log pi_old(o_t) *at the rollout temperature*: the quantity
-   the update computes as log pi_theta(o_t), so that the ratio is 1 at the first update on
-   fresh samples (a known pitfall of GRPO implementations: old and new log-probs at different
-   temperatures). ``logprobs=False`` skips them: the trainer by default recomputes pi_old by
-   a teacher-forced forward (the reference's way; under bf16 autocast the incremental logits
-   differ in the last bits), so it is computed once.
+1. For every sampled token o_t its log pi_old(o_t) *at the rollout temperature*, what the
+   update computes as log pi_theta(o_t), so the ratio is 1 at the first update on fresh
+   samples (a known pitfall: old and new log-probs at different temperatures).
+   ``logprobs=False`` skips them: by default the trainer recomputes pi_old by a
+   teacher-forced forward, the reference's way (under bf16 autocast the incremental logits
+   differ in the last bits).
 2. Our own loop rather than `model.generate`: the log-probs of the full (unfiltered)
    tempered distribution, an explicit torch.Generator for determinism, a loop cheap on a CPU.
 3. One loop (`_decode`), one batched forward per token over all rows: prefill the prompts;
-   per token, draw it (`next_token`), record it and its log-prob, feed it to the decode step;
-   every CHECK_EVERY tokens stop if every row is done, else drop the rows that are
-   (compaction: the long tail of a few long responses is not paid for by every row); at the
-   end trim each row after its EOS (`_trim`). The decode step is pluggable (decode.py):
-   transformers' forward or the lean step, with the same loop and the same random draws.
+   per token, draw it (`next_token`), record it and its log-prob, feed it to the decode step
+   (decode.py: transformers' forward or the lean step, the same draws); every CHECK_EVERY
+   tokens stop if every row is done, else drop the rows that are (the long tail of a few long
+   responses is not paid for by every row); at the end cut each row after its EOS (`_trim`).
 """
 from __future__ import annotations
 
@@ -49,9 +48,8 @@ def sample_groups(model, prompt_ids: Sequence[Sequence[int]], group_size: int, m
     generator: a torch.Generator on the model's device: the same draws whichever rows are
         dropped and whichever decoder.
     logprobs: record log pi_old(o_t) (Rollout.old_logprobs); False: None, the same tokens.
-    decoder: "hf" transformers' forward, "lean" the lean step (Llama and Qwen2; its logits
-        are transformers' to float tolerance, not bit for bit under bf16 autocast, so its
-        samples part from hf's where a last bit decides), "auto" lean on a CPU, else hf.
+    decoder: the decode step (decode.py): "hf" transformers' forward, "lean" the lean step
+        (its samples part from hf's where a logit's last bit decides), "auto" lean on a CPU.
     """
     temperature = 1.0 if temperature is None else temperature
     if temperature <= 0:
@@ -78,9 +76,8 @@ def sample_groups(model, prompt_ids: Sequence[Sequence[int]], group_size: int, m
 
 def _decode(dec, ids, mask, group_size, tokens, logps, *, eos, temperature, top_p, top_k, greedy,
             generator) -> int:
-    """The loop (design choice 3): each row's token t, and its log-prob unless ``logps`` is
-    None, into tokens / logps [B, R] (a row that has stopped samples on until it is dropped:
-    `_trim` masks what follows its EOS). Returns the number of steps taken."""
+    """The loop (design choice 3), writing each row's token t (and log-prob) into tokens (logps)
+    [B, R]; a stopped row samples on until it is dropped. Returns the steps taken."""
     R = tokens.shape[1]
     positions = position_ids_from_mask(mask)
     logits = dec.prefill(ids, mask, positions, group_size)       # at each prompt's last position
@@ -96,7 +93,6 @@ def _decode(dec, ids, mask, group_size, tokens, logps, *, eos, temperature, top_
         if logps is not None:
             # log softmax(z / T)_tok = z_tok / T - logsumexp(z / T), over the full vocabulary
             logps[rows, t] = logits.gather(-1, tok.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-        alive = ~done
         done = done | torch.isin(tok, eos)
         if t + 1 == R:
             break
@@ -107,17 +103,16 @@ def _decode(dec, ids, mask, group_size, tokens, logps, *, eos, temperature, top_
             if n_done * 4 >= len(done):     # compaction: worth a copy once a quarter has stopped
                 keep = (~done).nonzero().squeeze(-1)
                 dec.keep(keep)
-                rows, done, alive, tok, pos = rows[keep], done[keep], alive[keep], tok[keep], pos[keep]
-        logits = dec.step(tok, pos, alive)
+                rows, done, tok, pos = rows[keep], done[keep], tok[keep], pos[keep]
+        logits = dec.step(tok, pos)
         pos = pos + 1
     return R
 
 
 def next_token(logits: torch.Tensor, top_k: int, top_p: float, greedy: bool, generator) -> torch.Tensor:
     """The next token of each row from tempered logits [b, V]: the argmax, or a draw from the
-    filtered softmax. torch.multinomial(probs, 1) draws argmax(probs / q), q ~ Exp(1) from
-    the generator; written out, it is the very same draw without its input checks (a host
-    sync each)."""
+    filtered softmax: argmax(probs / q), q ~ Exp(1), the very draw of torch.multinomial(probs,
+    1) without its input checks (a host sync each)."""
     if greedy:
         return logits.argmax(-1)
     probs = torch.softmax(filter_logits(logits, top_k, top_p), dim=-1)
@@ -126,8 +121,7 @@ def next_token(logits: torch.Tensor, top_k: int, top_p: float, greedy: bool, gen
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Top-k then top-p (nucleus) filtering of [B, V] logits, removed entries -inf: the
-    sampling distribution only. The recorded log-probs are the full tempered softmax's, what
-    the trainer recomputes (as the reference recomputes old log-probs)."""
+    sampling distribution only (the recorded log-probs are the full softmax's, design choice 2)."""
     if top_k and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -162,6 +156,5 @@ def _special_ids(model, eos_token_id, pad_token_id) -> tuple[list[int], int]:
     """(the ids that stop a row, the padding id), from the arguments or the model's config."""
     eos = getattr(model.config, "eos_token_id", None) if eos_token_id is None else eos_token_id
     pad = getattr(model.config, "pad_token_id", None) if pad_token_id is None else pad_token_id
-    if pad is None:
-        pad = eos if isinstance(eos, int) else 0
+    pad = (eos if isinstance(eos, int) else 0) if pad is None else pad
     return ([] if eos is None else [eos] if isinstance(eos, int) else list(eos)), pad

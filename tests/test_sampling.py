@@ -206,8 +206,7 @@ def test_kv_cache_decoding_equals_teacher_forcing():
             if t == R // 2:                      # the loop's compaction
                 rows = kept
                 dec.keep(rows)
-            alive = torch.ones(len(rows), dtype=torch.bool)
-            got.append(dec.step(response[rows, t], pos[rows, -1] + 1 + t, alive))
+            got.append(dec.step(response[rows, t], pos[rows, -1] + 1 + t))
     for t, logits in enumerate(got):
         torch.testing.assert_close(logits, tf[torch.arange(B) if t <= R // 2 else kept, t])
 
