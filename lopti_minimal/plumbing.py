@@ -175,7 +175,7 @@ class Run:
             read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
         validate(cfg)
         check_hardware(cfg)                       # before any model is loaded
-        attention_kernels(resolve_device(cfg).type)
+        attention_kernels("cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         # host memory (host_memory.py): large freed blocks go back to the kernel (the config's

@@ -87,7 +87,7 @@ def check_hardware(cfg) -> None:
 def attention_kernels(device) -> None:
     """Design choice 5: turn off cuDNN's attention for CUDA runs (a process-wide switch of
     torch's scaled_dot_product_attention, which transformers' attention calls)."""
-    if torch.device(device).type == "cuda":
+    if str(device).startswith("cuda"):       # "cuda", "cuda:1" or a torch.device; not "cpu"/"auto"
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 

@@ -97,14 +97,15 @@ def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
     """precision.py design choice 5: a CUDA run's attention avoids cuDNN's kernel (on an
     H200 it made the default run's gradient NaN at step 3, results/gpu/). The switch is
     process-wide, so it is checked on a CPU: attention_kernels("cuda") turns it off,
-    "cpu" leaves it, and a run on CUDA (or "auto" with CUDA visible) asks for it, "auto" without CUDA does not."""
+    "cpu" leaves it, and a run on CUDA (or "auto" with CUDA visible) asks for it."""
     from lopti_minimal import plumbing
     from lopti_minimal.config import make_config
     was = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
-        precision.attention_kernels("cpu")
-        assert torch.backends.cuda.cudnn_sdp_enabled()
+        for device in ("cpu", "auto", torch.device("cpu")):
+            precision.attention_kernels(device)
+            assert torch.backends.cuda.cudnn_sdp_enabled()
         precision.attention_kernels("cuda")
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
@@ -115,6 +116,7 @@ def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for device in ("cuda", "auto", "cpu"):
         plumbing.Run(make_config("ci", device=device, run_dir=str(tmp_path / device)))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # "auto" on a CPU machine
+    assert asked == ["cuda", "cuda", "cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # "auto" on a CPU machine
     plumbing.Run(make_config("ci", device="auto", run_dir=str(tmp_path / "auto-cpu")))
-    assert asked == ["cuda", "cuda", "cpu", "cpu"]
+    assert asked[-1] == "auto"

@@ -378,7 +378,20 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     out = synthetic_study(tmp_path / "study", fake_model)
     report, figs = tmp_path / "docs" / "RESULTS.md", tmp_path / "docs" / "figures"
     R.write_report(A.aggregate(out), report, figs)
-    text = report.read_text()
+    compact = report.read_text()
+    # The report: a row per arm, and a link to every table in full beside it.
+    assert "[RESULTS_TABLES.md](RESULTS_TABLES.md)" in compact and "Seeds 0-2 (n = 3 per row)." in compact
+    assert "| GRPO+AR (α=0.2) | 0.383 ± 0.259 | +0.083 [+0.012, +0.155] * | – | – |" in compact
+    assert "of 2 methods compared with GRPO, 1 score higher" in compact and "| 0.53 | +35.9% |" in compact
+    assert "| GRPO+AR (α=0.2) | 4 | 1 | 1.0 | 0.1 min |" in compact          # cost, all 4 runs
+    assert "| 3 people |" not in compact and "Format errors" not in compact     # those: in full
+    # A grid repeats no arm a table above showed on the same seeds, GRPO aside; ×N in names.
+    main, shown = A.aggregate(out)["presets"]["ci"]["grids"]["main"], set()
+    first, again = R._compact_table(main, None, shown), R._compact_table(main, None, shown)
+    assert len(first) == 2 + 3 and [l.split(" |")[0] for l in again[2:3]] == ["| GRPO"]
+    assert again[-1] == "Also in this grid, with the numbers of a table above: GRPO+AR (α=0.2), GRPO+Lopti (η=0.4)."
+    assert R.short("GRPO+Lopti (η=0.4, 2 optimizer steps per rollout)") == "GRPO+Lopti (η=0.4, ×2)"
+    text = compact + (tmp_path / "docs" / "RESULTS_TABLES.md").read_text()
     assert "Seeds 0-2 (n = 3 per row)." in text
     assert "| GRPO | 0.300 ± 0.248 | 0.300 ± 0.248 | 0.300 ± 0.248 | – | – |" in text
     assert "+0.083 [+0.012, +0.155] * | +27.8% [+3.9%, +51.7%] |" in text
@@ -429,12 +442,14 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
     assert t["rows"][rpp_arl.name]["vs_grpo"]["avg"]["mean"] == pytest.approx(0.1)     # .2 .2 -.1 vs GRPO
     report = tmp_path / "RESULTS.md"
     R.write_report(A.aggregate(out), report, tmp_path / "figs", plots=False)
+    full = (tmp_path / "RESULTS_TABLES.md").read_text()
     assert ("- **REINFORCE++ +AR+Lopti (α=0.3, η=0.5)** minus **REINFORCE++**, paired by seed (95% CI): "
-            "accuracy (avg over sizes) +0.100 [-0.148, +0.348]; held-out accuracy +0.100 [-0.148, +0.348]") \
-        in report.read_text()
+            "accuracy (avg over sizes) +0.100 [-0.148, +0.348]; held-out accuracy +0.100 [-0.148, +0.348]") in full
+    assert ("| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) minus REINFORCE++ | +0.100 [-0.148, +0.348] | "
+            "+0.100 [-0.148, +0.348] |") in report.read_text()       # the report's row of that pair
     # What Lopti's first stage holds: low_fraction .06 at step 1, mean .03; derivations at the
     # last step = the last reward, a + .5: REINFORCE++ +AR+Lopti .9 1.0 .8 -> mean .9.
-    assert "| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) | 0.5 | 0.060 | 0.030 | 0.90 (0.80-1.00) |" in report.read_text()
+    assert "| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) | 0.5 | 0.060 | 0.030 | 0.90 (0.80-1.00) |" in full
 
 
 def criterion_study(out: Path, model: str) -> Path:
@@ -478,7 +493,13 @@ def test_heldout_accuracy_along_the_way_is_tabulated_and_paired(tmp_path, fake_m
     assert any(p["a"] == G.GRPO_LR2.label and p["b"] == G.GRPO_X2.label for p in t["pairs"])
     report, figs = tmp_path / "R.md", tmp_path / "figs"
     R.write_report(A.aggregate(out), report, figs)
-    text = report.read_text()
+    compact = report.read_text()
+    # The report's row: held-out accuracy after the steps as differences from GRPO, no new table.
+    assert "| Δ held-out after step 1 | Δ held-out after step 2 | steps to 80% derivations |" in compact
+    assert "| GRPO+Lopti (η=0.4, high first) minus GRPO+Lopti (η=0.4) |" in compact
+    assert ("| GRPO (lr ×2) minus GRPO | +0.000 [+0.000, +0.000] | +0.000 [+0.000, +0.000] | "
+            "+0.100 [+0.100, +0.100] * |") in compact                  # a pair's held-out after step 1
+    text = compact + (tmp_path / "R_TABLES.md").read_text()
     assert "| method | after step 1 | Δ vs GRPO | after step 2 | Δ vs GRPO | final (step 3) | Δ vs GRPO |" in text
     assert "| GRPO+Lopti (η=0.4, random split) | 0.300 ± 0.430 | +0.100 [-0.148, +0.348] |" in text   # s = .173
     assert ("**GRPO+Lopti (η=0.4, random split)** minus **GRPO+Lopti (η=0.4)**, paired by seed (95% CI): "
@@ -507,6 +528,7 @@ def test_report_only_is_byte_identical_and_writes_only_what_it_is_asked(tmp_path
     assert S.main(args) == 0
     first = snapshot(tmp_path)
     assert snapshot(out) == before                                  # nothing in OUT was asked for
+    assert "docs/R_TABLES.md" in first                               # the full tables, beside the report
     text = (tmp_path / "docs" / "R.md").read_text()
     assert str(tmp_path) not in text and "runs/s --report-only" not in text     # no machine path
     assert "--out runs/s" in text                                   # the logged command, portable
@@ -522,6 +544,7 @@ def test_report_only_is_byte_identical_and_writes_only_what_it_is_asked(tmp_path
     assert S.main(["--report-only", "--out", str(out)]) == 0
     assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("study/")} == outside
     assert (out / "RESULTS.md").exists() and (out / "figures" / "study-ci-criterion-curves.png").exists()
+    assert (out / "RESULTS_TABLES.md").exists()
     assert not (out / "study_results.json").exists()
 
 
@@ -538,7 +561,7 @@ def test_cli_report_only_dry_run_and_bad_input(tmp_path, fake_model, capsys):
     assert rep.exists() and not (out / "study_results.json").exists()        # not asked for
     # its own command, with the paths as every machine shows them (outside a checkout: the name)
     assert "`python -m lopti_minimal.experiments.study --out .../study --report-only --report .../R.md " \
-           "--figures .../f`" in rep.read_text()
+           "--figures .../f --tables .../R_TABLES.md`" in rep.read_text()
     assert str(tmp_path) not in rep.read_text()
     assert S.main(["--dry-run", "--preset", "ci", "--out", str(out), "--model", fake_model, "--steps", "3",
                    "--seeds", "3", "--only", "grpo,ar", "--grid", "main", "--step-seconds", "2", "--eval-seconds", "10"]) == 0
@@ -597,7 +620,7 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     rows = res["presets"]["ci"]["grids"]["main"]["rows"]
     assert set(rows) == {"grpo", "ar_lopti-a0.3-e0.5"} and rows["ar_lopti-a0.3-e0.5"]["vs_grpo"]["avg"]["n"] == 1
     assert res["presets"]["ci"]["fingerprint"].startswith("sha256:")
-    text = rep.read_text()
+    text = rep.read_text() + (out / "RESULTS_TABLES.md").read_text()      # the report, the tables in full
     assert "GRPO+AR+Lopti (α=0.3, η=0.5)" in text and "too few for a confidence interval" in text
     assert "| method | after step 1 | Δ vs GRPO | final (step 2) | Δ vs GRPO |" in text
     held0 = json.loads((out / "ci" / "warm-start-heldout.json").read_text())["overall"]["accuracy"]

@@ -9,7 +9,7 @@
                          (python -m lopti_minimal.experiments.study)
     stats.py             Student-t intervals and paired differences (no scipy)
     aggregate.py         finished runs -> one JSON of tables
-    report.py            that JSON -> docs/RESULTS.md and its figures
+    report.py            that JSON -> docs/RESULTS.md (a row per arm), its full tables, figures
     mechanism_report.py  the mechanism's per-step metrics in the report
     diagnostics.py       the paper's Fig. 1 and Fig. 3 measurements on any model
                          (python -m lopti_minimal.experiments.diagnostics)

@@ -1,16 +1,23 @@
 """The study's report: the aggregate (aggregate.py) -> the markdown report docs/RESULTS.md
-with its figures (write_report).
+with its figures, and every table in full beside it (write_report).
 
 Design choices (study.py, design choices 5 and 6):
 
 1. It states what is computed, and only that: per grid a balanced table (the seeds all its
    rows have), means with 95% t intervals, the paired difference from GRPO with its
    interval, the paper's numbers beside ours, the compute of every arm.
-2. The block between the HAND-WRITTEN markers is the author's and survives regeneration.
+2. Two files. The report is compact: per grid one row per arm (official and held-out
+   accuracy, steps to 80% derivations, each with its difference from GRPO) and one row per
+   paired comparison, so an arm adds a row, never a table. The full tables (per size,
+   format errors, the selection measures, held-out accuracy along the way, the mechanism,
+   the automatic statements, the cost in detail) go to a second file the report links
+   (``tables``, which the study keeps with its runs).
+3. The block between the HAND-WRITTEN markers is the author's and survives regeneration.
 """
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -316,130 +323,258 @@ def format_hours(s: float) -> str:
 PROTOCOL = [
     "- Every method starts from the same warm start (its SHA-256 is given per preset) with the same "
     "seeds; a seed fixes the prompts of every step and the sampler's random stream, so runs with the "
-    "same seed are paired (common random numbers).",
-    "- **Equal budget**: the same RL steps x prompts per step x G sampled responses for every method. "
-    "Lopti's second stage is a second optimizer pass over the *same* responses: counted as extra "
-    "update compute (2 passes per batch instead of 1, see the cost table), not as extra samples.",
-    "- Methods at the paper's K&K settings: AR alone α=0.2, Lopti alone η=0.4, AR+Lopti α=0.3, η=0.5. "
-    "AR with α=0 is GRPO exactly, so the α=0 point of the sweep is the GRPO row.",
-    "- Accuracy: share of the official test puzzles whose **greedy** response scores 3, from one "
-    "evaluation at the end of each run (the paper averages its last three evaluations).",
-    "- Each table uses only the seeds that all its rows have (said above it), so every row averages the "
-    "same seeds. Cells: mean ± half-width of the 95% Student-t interval over seeds (n-1 degrees of "
-    "freedom). Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; `*` marks an "
-    "interval that excludes 0. Relative = Δ / GRPO mean (its interval treats the GRPO mean as fixed). "
-    "No correction for multiple comparisons.",
+    "same seed are paired.",
+    "- **Equal budget** in sampled responses (RL steps x prompts per step x G). Lopti's second stage is a "
+    "second optimizer pass over the *same* responses: update compute (see the cost table), not samples.",
+    "- The paper's K&K settings: AR alone α=0.2, Lopti alone η=0.4, AR+Lopti α=0.3, η=0.5.",
+    "- Accuracy: share of the official test puzzles whose **greedy** response scores 3, at the end of each "
+    "run (the paper averages its last three evaluations). Held-out: the 400 three-person puzzles of "
+    "`data/heldout3.jsonl`, greedy. Steps to 80% derivations: the first RL step whose samples are at "
+    f"least {SELECT_AT:.0%} derivations (never = steps + 1).",
+    "- Each table uses the seeds all its rows have. Cells: mean ± half-width of the 95% Student-t "
+    "interval over seeds. Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; "
+    "`*` marks an interval that excludes 0. Relative = Δ / GRPO mean. No correction for multiple "
+    "comparisons. ×2 in a method's name: two optimizer steps per rollout.",
 ]
 
 
-def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: str | None = None) -> str:
-    """docs/RESULTS.md (or ``path``) from the aggregated results; figures into
-    ``figures_dir``, linked relative to the report. The hand-written block is kept.
-    ``regenerate``: the command the header names (default: the report-only command with
-    default paths)."""
-    path, figures_dir = Path(path), Path(figures_dir)
+def short(label: str) -> str:
+    """A label as the report's tables give it: "N optimizer steps per rollout" is ×N."""
+    return re.sub(r"(\d+) optimizer steps per rollout", r"×\1", label)
+
+
+def _along(items) -> list[str]:
+    """The RL steps after which the trainer evaluated the held-out set, as the items' keys."""
+    keys: list[str] = []
+    for it in items:
+        keys += [k for k in (it.get("heldout_along") or {}) if k != "final" and k not in keys]
+    return keys
+
+
+def _md(first: str, cols: list, items, name) -> list[str]:
+    """A markdown table: a row per item, its name first, then a cell per (title, cell) column."""
+    return [f"| {first} | " + " | ".join(t for t, _ in cols) + " |", "|---|" + "---|" * len(cols)] + \
+        [f"| {name(it)} | " + " | ".join(f(it) for _, f in cols) + " |" for it in items]
+
+
+def _compact_table(table: dict, warm: dict | None, shown: set | None = None) -> list[str]:
+    """One row per arm: official accuracy (avg over sizes), held-out accuracy (at the end, and
+    after the steps the trainer evaluated it, as differences), steps to 80% derivations; each
+    beside its paired difference from GRPO. A new arm adds a row, never a column. An arm
+    already in a table above on the same seeds (``shown``: (label, seeds)) is named, not
+    repeated; GRPO, the baseline, always has its row."""
+    seeds, n = tuple(table["seeds"]), len(table["seeds"])
+    rows = [r for r in table["rows"].values() if r["label"] == "GRPO" or (r["label"], seeds) not in (shown or set())]
+    sel = lambda r, k: r.get("selection", {}).get(k)                                      # noqa: E731
+    cols = [("accuracy, official (avg)", lambda r: _cell(r["accuracy"]["avg"])),
+            ("Δ vs GRPO [paired 95% CI]", lambda r: _diff_cell((r.get("vs_grpo") or {}).get("avg")))]
+    for key, title, dg in SELECTION_COLS[:2]:
+        if any(sel(r, key) for r in rows):
+            cols += [(title, lambda r, k=key, d=dg: _n_cell(sel(r, k)["mean"], n, d) if sel(r, k) else "–"),
+                     ("Δ vs GRPO", lambda r, k=key, d=dg: _diff_cell(sel(r, k)["vs_grpo"], d) if sel(r, k) else "–")]
+            cols += [(f"Δ held-out after step {s}", lambda r, s=s: _diff_cell(
+                (r.get("heldout_along") or {}).get(s, {}).get("vs_grpo"))) for s in _along(rows) if key == "heldout"]
+    lines = _md("method", cols, rows, lambda r: short(r["label"]))
+    if warm:                    # one greedy evaluation, no seeds: plain values
+        at = {"accuracy, official (avg)": f"{warm['accuracy']['avg']:.3f}",
+              SELECTION_COLS[0][1]: f"{warm['heldout']:.3f}" if warm.get("heldout") is not None else ""}
+        lines.insert(2, "| warm start (no RL) | " + " | ".join(at.get(t, "") for t, _ in cols) + " |")
+    repeated = [short(r["label"]) for r in table["rows"].values() if r not in rows]
+    if shown is not None:
+        shown |= {(r["label"], seeds) for r in table["rows"].values()}
+    return lines + (["", f"Also in this grid, with the numbers of a table above: {', '.join(repeated)}."]
+                    if repeated else [])
+
+
+def _compact_pairs(table: dict) -> list[str]:
+    """The grid's own paired comparisons (GRID_PAIRS), one row each."""
+    pairs = table.get("pairs", [])
+    cols = [("accuracy, official (avg)", lambda d: _diff_cell(d["avg"]))]
+    cols += [("held-out", lambda d: _diff_cell(d.get("heldout")))] if any("heldout" in d for d in pairs) else []
+    cols += [(f"held-out after step {k}", lambda d, k=k: _diff_cell(d.get("heldout_along", {}).get(k)))
+             for k in _along(pairs)]
+    cols += [("steps to 80% derivations", lambda d: _diff_cell(d.get("steps_to_80"), 1))] \
+        if any("steps_to_80" in d for d in pairs) else []
+    return ["Paired comparisons within this grid (A minus B, paired by seed, 95% CI):", ""] + \
+        _md("A minus B", cols, pairs, lambda d: f"{short(d['a'])} minus {short(d['b'])}") + [""] if pairs else []
+
+
+def _shown_grids(pr: dict):
+    """The grids with a table, in order: a grid with no run of its own repeats the tables above."""
+    shown: set = set()
+    for grid, table in pr["grids"].items():
+        if grid != "main" and set(table["rows"]) <= shown | {GRPO.name}:
+            continue
+        shown |= set(table["rows"])
+        yield grid, table
+
+
+def _preset_intro(preset: str, pr: dict) -> list[str]:
+    b, sizes = pr["budget"], pr["sizes"]
+    L = [f"## Preset `{preset}`", "",
+         f"Model `{pr['model']}` (warm start {pr['fingerprint'] or 'not recorded'}). Budget per run, the "
+         f"same for every method: {b['steps']} RL steps x {b['prompts_per_step']} prompts x G={b['group_size']} "
+         f"= **{b['responses_per_run']} sampled responses**; {b['optimizer_steps_per_stage']} optimizer "
+         f"step(s) per update pass (mini-batch {b['mini_batch_size']}); lr {b['lr']:g}, T {b['temperature']}, "
+         f"RL puzzles of {', '.join(map(str, b['rl_sizes']))} people, responses up to {b['max_new_tokens']} "
+         f"tokens. Evaluation: {b['eval_per_size']} official puzzles per size, sizes "
+         f"{', '.join(map(str, sizes))}.", ""]
+    if pr["excluded"]:
+        L += ["Left out (config differs from the other runs of this preset): " +
+              "; ".join(f"`{e['dir']}` ({', '.join(e['differs_in'])})" for e in pr["excluded"]), ""]
+    return L
+
+
+def _seeds_line(grid: str, table: dict, pr: dict) -> str:
+    return (f"Seeds {_seed_text(table['seeds'])} (n = {len(table['seeds'])} per row)."
+            + (" The first row is the starting policy, evaluated once in the same way (`warm-start-eval.json`)."
+               if grid == "main" and pr.get("warm_start") else ""))
+
+
+def _grid_warm(grid: str, pr: dict) -> dict | None:     # the grids whose tables show the warm start
+    return pr.get("warm_start") if grid in ("main", "control", "criterion") else None
+
+
+def _grid_full(grid: str, table: dict, pr: dict) -> list[str]:
+    """Every table of one grid: accuracy per size and its differences, the automatic
+    statements, format errors and length, what RL selects, held-out accuracy along the way,
+    the mechanism, the grid's pairs, and (main grid) the paper beside ours."""
+    sizes, b = pr["sizes"], pr["budget"]
+    rows = list(table["rows"].values())
+    L = [f"### {GRID_TITLES[grid]}", "", _seeds_line(grid, table, pr), ""]
+    L += _variant_table(table, sizes, pr.get("warm_start") if grid == "main" else None) + [""]
+    dt = _diff_table(table, sizes)
+    if dt:
+        L += ["Difference from GRPO per size (paired by seed, 95% CI):", ""] + dt + [""]
+    if grid == "main":
+        comp = [r for r in rows if r["method"] != "grpo"]
+        L += ["Against GRPO, on the average over sizes:", ""] + [statement(r) for r in comp] + [""]
+        s = summary(comp)
+        L += [s, ""] if s else []
+    L += ["Format errors (share of greedy responses without a well-formed answer block; the "
+          "others are right or wrong answers), the share of responses cut at the response budget, "
+          "and the mean response length in tokens; means over sizes, same seeds:", ""]
+    L += _format_table(table, pr.get("warm_start") if grid == "main" else None) + [""]
+    st = _selection_table(table, _grid_warm(grid, pr))
+    if st:
+        L += ["What RL selects, and accuracy on the held-out set (greedy): steps until derivations are at "
+              f"least {SELECT_AT:.0%} of a step's samples (never = steps + 1), the area under the "
+              "share-of-derivations curve (mean share per step), and the share of samples cut at the "
+              "response cap during training; mean ± 95% t half-width over seeds, and the paired "
+              "difference from GRPO:", ""] + st + [""]
+    L += _heldout_along_table(table, _grid_warm(grid, pr), b["steps"])
+    mt = mechanism_tables(table, _cell, _diff_cell)
+    if mt:
+        L += ["The mechanism (the paper's Fig. 3 and Fig. 1b at every step; lopti_minimal/mechanism.py): "
+              "per bin of pi_old, the share of A > 0 tokens whose probability rose in the step's whole "
+              "update, and of A < 0 tokens whose probability fell, among the tokens whose probability "
+              "moved at all, averaged over the run's steps; the low bins' (pi_old < 0.5) share of the "
+              "squared gradient norm of the method's loss at pi_old (bins as Lopti stages), and the mean "
+              "-log pi_old of the sampled tokens (an entropy estimate). Mean ± 95% t half-width over "
+              "seeds; Δ: paired difference from GRPO:", ""] + mt
+    pl = _pair_lines(table)
+    if pl:
+        L += ["Paired comparisons within this grid:", ""] + pl + [""]
+    if grid == "main":
+        L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
+        L += _beside_paper(table) + [""]
+    return L
+
+
+def _grid_compact(grid: str, table: dict, pr: dict, shown: set) -> list[str]:
+    L = [f"### {GRID_TITLES[grid]}", "", _seeds_line(grid, table, pr), ""]
+    L += _compact_table(table, pr.get("warm_start") if grid == "main" else None, shown) + [""]
+    if grid == "main":
+        s = summary([r for r in table["rows"].values() if r["method"] != "grpo"])
+        L += [s, ""] if s else []
+        L += ["Beside the paper (its avg is over sizes 3..7, ours over the sizes above; its table per "
+              "size: the full tables):", ""]
+        L += _beside_paper(table) + [""]
+    return L + _compact_pairs(table)
+
+
+def _cost_table(pr: dict, full: bool) -> list[str]:
+    """Per method: runs, update passes per batch, seconds per RL step (in full: of which
+    sampling and update, the final evaluation), run wall time; means over all finished runs."""
+    t = lambda v, k, f=".1f": format(v["timing"][k], f)                                  # noqa: E731
+    cols = [("runs", lambda v: str(v["n"])), ("update passes per batch", lambda v: str(v["update_passes"]))]
+    cols += [("sampled responses per run", lambda v: str(pr["budget"]["responses_per_run"]))] if full else []
+    cols += [("s per RL step", lambda v: t(v, "step_s"))]
+    cols += [("of which sampling", lambda v: t(v, "sample_s")), ("of which update", lambda v: t(v, "update_s")),
+             ("final evaluation s", lambda v: t(v, "eval_s", ".0f"))] if full else []
+    cols += [("run wall time", lambda v: format_hours(v["timing"]["run_wall_s"]))]
+    return _md("method", cols, pr["variants"].values(), lambda v: v["label"] if full else short(v["label"])) + [""]
+
+
+def _compute_line(pr: dict) -> str:
+    return (f"Compute of this preset: {pr['n_runs']} finished runs, {format_hours(pr['compute_s'])} of run "
+            "wall time in total. Code (the commit each run recorded in its run.json; +changes: tracked "
+            "files differed from it): " + ", ".join(f"`{c}` ({n} runs)" for c, n in pr.get("code", {}).items()) + ".")
+
+
+def _write(path: Path, lines: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    hand = _hand_block(path)
-    rel = lambda p: os.path.relpath(p, path.parent).replace(os.sep, "/")   # noqa: E731
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, path)
+
+
+def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: str | None = None,
+                 tables=None) -> str:
+    """docs/RESULTS.md (or ``path``) from the aggregated results: the compact report, a row per
+    arm; every table in full into ``tables`` (default: beside the report, <stem>_TABLES.md),
+    which the report links; figures into ``figures_dir``, linked relative to each file. The
+    hand-written block is kept. ``regenerate``: the command both files name (default: the
+    report-only command with default paths)."""
+    path, figures_dir = Path(path), Path(figures_dir)
+    tables = Path(tables) if tables else path.with_name(path.stem + "_TABLES.md")
+    rel = lambda p, frm=path: os.path.relpath(p, Path(frm).parent).replace(os.sep, "/")   # noqa: E731
+    again = regenerate or "python -m lopti_minimal.experiments.study --report-only"
     L = ["# Results: GRPO vs AR vs Lopti on Knights and Knaves, at small scale", "",
          f"_Generated by `python -m lopti_minimal.experiments.study` from the runs in "
-         f"`{res['out']}`; regenerate with "
-         f"`{regenerate or 'python -m lopti_minimal.experiments.study --report-only'}`. "
+         f"`{res['out']}`; regenerate with `{again}`. "
          "Every number below is computed from those runs, except the paper's (from Yang et al. "
-         "2025, arXiv 2505.12929, the K&K results table). Only the Discussion is written by hand._", "",
-         "## Protocol", "", *PROTOCOL, ""]
+         "2025, arXiv 2505.12929, the K&K results table). Only the Discussion is written by hand._", ""]
+    if res["presets"]:
+        L += [f"A row per arm here; every table in full (accuracy per size, format errors and length, "
+              f"the selection measures, held-out accuracy along the way, the mechanism, the automatic "
+              f"statements, the cost): [{tables.name}]({rel(tables)}).", ""]
+    L += ["## Protocol", "", *PROTOCOL, ""]
+    T = ["# Full tables: GRPO vs AR vs Lopti on Knights and Knaves", "",
+         f"_Every table of the study of the runs in `{res['out']}`, computed from those runs (the paper's "
+         f"numbers: Yang et al. 2025). The protocol and the reading: [the report]({rel(path, tables)}). "
+         f"Both are regenerated by `{again}`._", ""]
     if not res["presets"]:
         L += ["## Status", "", "No finished runs yet. Run `python -m lopti_minimal.experiments.study` "
               "(`--help` for the options, `--dry-run` for the plan and a time estimate).", ""]
     for preset, pr in res["presets"].items():
-        b, sizes = pr["budget"], pr["sizes"]
-        L += [f"## Preset `{preset}`", "",
-              f"Model `{pr['model']}` (warm start {pr['fingerprint'] or 'not recorded'}). Budget per run, the "
-              f"same for every method: {b['steps']} RL steps x {b['prompts_per_step']} prompts x G={b['group_size']} "
-              f"= **{b['responses_per_run']} sampled responses**; {b['optimizer_steps_per_stage']} optimizer "
-              f"step(s) per update pass (mini-batch {b['mini_batch_size']}); lr {b['lr']:g}, T {b['temperature']}, "
-              f"RL puzzles of {', '.join(map(str, b['rl_sizes']))} people, responses up to {b['max_new_tokens']} "
-              f"tokens. Evaluation: {b['eval_per_size']} official puzzles per size, sizes "
-              f"{', '.join(map(str, sizes))}.", ""]
-        if pr["excluded"]:
-            L += ["Left out (config differs from the other runs of this preset): " +
-                  "; ".join(f"`{e['dir']}` ({', '.join(e['differs_in'])})" for e in pr["excluded"]), ""]
+        L += _preset_intro(preset, pr)
+        T += _preset_intro(preset, pr)
         shown: set = set()
-        for grid, table in pr["grids"].items():
-            if grid != "main" and set(table["rows"]) <= shown | {GRPO.name}:
-                continue            # a grid with no run of its own repeats the tables above
-            shown |= set(table["rows"])
-            rows = list(table["rows"].values())
-            L += [f"### {GRID_TITLES[grid]}", "", f"Seeds {_seed_text(table['seeds'])} "
-                  f"(n = {len(table['seeds'])} per row)." + (" The first row is the starting policy, evaluated once "
-                  "in the same way (`warm-start-eval.json`)." if grid == "main" and pr.get("warm_start") else ""),
-                  ""] + _variant_table(table, sizes, pr.get("warm_start") if grid == "main" else None) + [""]
-            dt = _diff_table(table, sizes)
-            if dt:
-                L += ["Difference from GRPO per size (paired by seed, 95% CI):", ""] + dt + [""]
-            if grid == "main":
-                comp = [r for r in rows if r["method"] != "grpo"]
-                L += ["Against GRPO, on the average over sizes:", ""] + [statement(r) for r in comp] + [""]
-                s = summary(comp)
-                L += [s, ""] if s else []
-            L += ["Format errors (share of greedy responses without a well-formed answer block; the "
-                  "others are right or wrong answers), the share of responses cut at the response budget, "
-                  "and the mean response length in tokens; means over sizes, same seeds:", ""]
-            L += _format_table(table, pr.get("warm_start") if grid == "main" else None) + [""]
-            warm = pr.get("warm_start") if grid in ("main", "control", "criterion") else None
-            st = _selection_table(table, warm)
-            if st:
-                L += ["What RL selects, and accuracy on the held-out set (400 three-person puzzles outside "
-                      "the official, RL and warm-start sets: `data/heldout3.jsonl`, greedy): steps until "
-                      f"derivations are at least {SELECT_AT:.0%} of a step's samples (never = steps + 1), the "
-                      "area under the share-of-derivations curve (mean share per step), and the share of "
-                      "samples cut at the response cap during training; mean ± 95% t half-width over seeds, "
-                      "and the paired difference from GRPO:", ""] + st + [""]
-            L += _heldout_along_table(table, warm, b["steps"])
-            mt = mechanism_tables(table, _cell, _diff_cell)
-            if mt:
-                L += ["The mechanism (the paper's Fig. 3 and Fig. 1b at every step; lopti_minimal/mechanism.py): "
-                      "per bin of pi_old, the share of A > 0 tokens whose probability rose in the step's whole "
-                      "update, and of A < 0 tokens whose probability fell, among the tokens whose probability "
-                      "moved at all, averaged over the run's steps; the low bins' (pi_old < 0.5) share of the "
-                      "squared gradient norm of the method's loss at pi_old (bins as Lopti stages), and the mean "
-                      "-log pi_old of the sampled tokens (an entropy estimate). Mean ± 95% t half-width over "
-                      "seeds; Δ: paired difference from GRPO:", ""] + mt
-            pl = _pair_lines(table)
-            if pl:
-                L += ["Paired comparisons within this grid:", ""] + pl + [""]
-            if grid == "main":
-                L += ["Beside the paper (its avg is over sizes 3..7; ours over the sizes above):", ""]
-                L += _beside_paper(table) + [""]
+        for grid, table in _shown_grids(pr):
+            L += _grid_compact(grid, table, pr, shown)
+            T += _grid_full(grid, table, pr)
             if plots:
                 figures_dir.mkdir(parents=True, exist_ok=True)
                 fc = plot_curves(table, figures_dir / f"study-{preset}-{grid}-curves.png",
                                  f"{preset}: {GRID_TITLES[grid]}", res["window"])
                 L += [f"![learning curves, {grid}]({rel(fc)})", ""]
-                if mt:
-                    fm = plot_mechanism(table, figures_dir / f"study-{preset}-{grid}-mechanism.png",
-                                        f"{preset}: {GRID_TITLES[grid]}", res["window"])
-                    L += [f"![mechanism, {grid}]({rel(fm)})", ""]
                 if grid == "main":
-                    fs = plot_sizes(table, sizes, figures_dir / f"study-{preset}-main-sizes.png",
+                    fs = plot_sizes(table, pr["sizes"], figures_dir / f"study-{preset}-main-sizes.png",
                                     f"{preset}: final greedy accuracy, mean and 95% t interval")
                     L += [f"![accuracy per size]({rel(fs)})", ""]
-        L += ["### Cost per method (means over all finished runs)", "",
-              "| method | runs | update passes per batch | sampled responses per run | s per RL step "
-              "| of which sampling | of which update | final evaluation s | run wall time |",
-              "|---|---|---|---|---|---|---|---|---|"]
-        for v in pr["variants"].values():
-            t = v["timing"]
-            L.append(f"| {v['label']} | {v['n']} | {v['update_passes']} | {b['responses_per_run']} | "
-                     f"{t['step_s']:.1f} | {t['sample_s']:.1f} | {t['update_s']:.1f} | {t['eval_s']:.0f} | "
-                     f"{format_hours(t['run_wall_s'])} |")
-        L += ["", f"Compute of this preset: {pr['n_runs']} finished runs, {format_hours(pr['compute_s'])} of run "
-              "wall time in total. Code (the commit each run recorded in its run.json; +changes: tracked "
-              "files differed from it): " + ", ".join(f"`{c}` ({n} runs)" for c, n in pr.get("code", {}).items()) + ".", ""]
-        L += _token_split_table(pr["variants"])
-    L += ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per "
-          "method, 4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the "
-          "last three evaluations):", ""] + _paper_table() + [""]
+                if mechanism_tables(table, _cell, _diff_cell):
+                    fm = plot_mechanism(table, figures_dir / f"study-{preset}-{grid}-mechanism.png",
+                                        f"{preset}: {GRID_TITLES[grid]}", res["window"])
+                    T += [f"![mechanism, {grid}]({rel(fm, tables)})", ""]
+        for X, full in ((L, False), (T, True)):
+            X += ["### Cost per method (means over all finished runs)", ""] + _cost_table(pr, full)
+            X += [_compute_line(pr), ""]
+        T += _token_split_table(pr["variants"])
+    (T if res["presets"] else L).extend(      # with runs, the report has the paper beside ours
+        ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per method, "
+         "4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the last three "
+         "evaluations):", ""] + _paper_table() + [""])
     inv = res["invocations"]
     L += ["## Time and machine", ""]
     if inv:
@@ -458,9 +593,8 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
         L.append("- No study invocation recorded yet.")
     if res["unfinished"]:
         L.append(f"- Unfinished runs (the same command resumes them): {len(res['unfinished'])}.")
-    L += ["", "## Discussion", "", HAND_BEGIN + hand + HAND_END, ""]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(L))
-    os.replace(tmp, path)
+    L += ["", "## Discussion", "", HAND_BEGIN + _hand_block(path) + HAND_END, ""]
+    if res["presets"]:
+        _write(tables, T)
+    _write(path, L)
     return str(path)
-

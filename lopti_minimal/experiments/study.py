@@ -27,7 +27,8 @@ our scale seed-to-seed noise is large):
 6. The report states only what is computed; the HAND-WRITTEN block is the author's. It is
    reproducible: no timestamp or machine path in it, and --report-only writes only what
    it is asked to (the report and figures where --report / --figures say, else in OUT;
-   study_results.json with --write-aggregate), so a rerun changes no byte.
+   study_results.json with --write-aggregate), so a rerun changes no byte. The report has a
+   row per arm; every table in full goes to a second file it links (--tables).
 7. --jobs J runs J trainer runs at once, threads = cores / J; wall times are recorded.
 """
 from __future__ import annotations
@@ -405,6 +406,9 @@ def parse_args(argv=None):
                     "--report-only: OUT/RESULTS.md)")
     ap.add_argument("--figures", help=f"folder for the report's figures (after training: {DEFAULT_FIGURES}; "
                     "--report-only: OUT/figures)")
+    ap.add_argument("--tables", help="markdown file for every table in full, which the report links "
+                    "(default: OUT/RESULTS_TABLES.md; with --report-only and --report: beside the report, "
+                    "REPORT_TABLES.md)")
     ap.add_argument("--window", type=int, default=5, help="moving-average window of the learning curves")
     ap.add_argument("--report-only", action="store_true",
                     help="no training: aggregate the runs in OUT and write the report, nothing else")
@@ -462,21 +466,27 @@ def main(argv=None) -> int:
 
 
 def write_outputs(a, out: Path) -> None:
-    """The report of the runs in OUT (design choice 6): after training, docs/RESULTS.md and
-    OUT/study_results.json; with --report-only only what is asked, OUT/RESULTS.md unless
-    --report / --figures say otherwise. The report names its own regenerating command, with
-    portable paths."""
+    """The report of the runs in OUT (design choice 6): after training, docs/RESULTS.md,
+    OUT/RESULTS_TABLES.md and OUT/study_results.json; with --report-only only what is asked,
+    OUT/RESULTS.md and OUT/RESULTS_TABLES.md unless --report / --figures / --tables say
+    otherwise. The report names its own regenerating command, with portable paths."""
     default_report, default_figures = ((out / "RESULTS.md", out / "figures") if a.report_only
                                        else (_abs(DEFAULT_REPORT), _abs(DEFAULT_FIGURES)))
     report = _abs(a.report) if a.report else default_report
     figures = _abs(a.figures) if a.figures else default_figures
+    if a.tables:
+        tables = _abs(a.tables)
+    elif a.report_only and a.report:          # --report-only writes into OUT only what it is asked
+        tables = report.with_name(report.stem + "_TABLES.md")
+    else:
+        tables = out / "RESULTS_TABLES.md"
     res = aggregate(out, a.window)
     if not a.report_only or a.write_aggregate:
         out.mkdir(parents=True, exist_ok=True)
         _write_json(out / "study_results.json", res)
     again = (f"python -m lopti_minimal.experiments.study --out {portable(str(out))} --report-only "
-             f"--report {portable(str(report))} --figures {portable(str(figures))}")
-    print(f"[study] report: {write_report(res, report, figures, regenerate=again)}")
+             f"--report {portable(str(report))} --figures {portable(str(figures))} --tables {portable(str(tables))}")
+    print(f"[study] report: {write_report(res, report, figures, regenerate=again, tables=tables)}")
 
 
 def command() -> int:
