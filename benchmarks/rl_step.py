@@ -139,11 +139,12 @@ def part_sampler(S: Setup, args) -> dict:
     from transformers import GenerationConfig
     from lopti_minimal import plumbing, trainer as T
     from lopti_minimal.precision import autocast
-    from lopti_minimal.sampling import left_pad, sample_groups
+    from lopti_minimal.batch import group_rows
+    from lopti_minimal.sampling import sample_groups
     cfg, model, tok = S.cfg, S.model, S.tok
     G, R = cfg.group_size, cfg.max_new_tokens
     _, prompts = S.step_prompts(0)
-    ids, am = (x.repeat_interleave(G, 0).to(S.device) for x in left_pad(prompts, tok.pad_token_id))
+    ids, am = group_rows(prompts, G, tok.pad_token_id, S.device)      # the sampler's rows
     B, eos = ids.shape[0], tok.eos_token_id
     model.eval()
 
