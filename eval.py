@@ -21,6 +21,10 @@ Design choices:
    CPU or a GPU (--no-bf16 for the weights' own dtype).
 5. The per-size response budget defaults to the run's (or the tiny model's) settings;
    --max-new-tokens N sets one budget for every size.
+6. The options that are settings of a run (sizes, puzzles per size, batch, temperature,
+   seed, decoder, the mmap threshold) take their defaults and choices from TrainConfig, so
+   eval.py evaluates as a run's evaluation does; a run directory's prompt style, budget and
+   decoder are its own (runs.config_from_json, old runs too).
 
 Writes a JSON report (default: RUN_DIR/eval-<data>.json for a run, else
 runs/eval/<model>-<time>.json) and prints a table. Bad input: one line, exit code 2.
@@ -34,6 +38,7 @@ from pathlib import Path
 
 from lopti_minimal import host_memory
 from lopti_minimal.cli import HelpFormatter, one_line_error
+from lopti_minimal.config import DECODERS, TrainConfig as C
 
 
 def parse_args(argv=None):
@@ -41,14 +46,14 @@ def parse_args(argv=None):
                                  formatter_class=HelpFormatter)
     ap.add_argument("--model", required=True, help="run directory, HF folder, hub id or .gguf file")
     ap.add_argument("--data", nargs="+", help="K&K JSON Lines files (default: the official 3..7-person sets)")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[3, 4, 5, 6, 7], help="official sets to use")
-    ap.add_argument("--per-size", type=int, default=100, help="first N puzzles of each official set")
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(C.eval_sizes), help="official sets to use")
+    ap.add_argument("--per-size", type=int, default=C.eval_per_size, help="first N puzzles of each official set")
     ap.add_argument("--samples", type=int, default=1, help="responses per puzzle (1 = greedy)")
-    ap.add_argument("--temperature", type=float, default=0.7, help="with --samples > 1")
+    ap.add_argument("--temperature", type=float, default=C.temperature, help="with --samples > 1")
     ap.add_argument("--max-new-tokens", type=int, help="one response budget for every size")
-    ap.add_argument("--batch-size", type=int, default=50,
-                    help="responses decoded together (memory only; a run's evaluation: 50)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=C.eval_batch_size,
+                    help="responses decoded together (memory only; a run's evaluation decodes as many)")
+    ap.add_argument("--seed", type=int, default=C.seed)
     ap.add_argument("--response-prefix", default="",
                     help=r"force every response to start with this text, e.g. '\n ' (a newline and a "
                          "space: the tiny warm start's derivations) -- escapes \n are read")
@@ -56,11 +61,11 @@ def parse_args(argv=None):
     ap.add_argument("--save-responses", action="store_true", help="also write every response (JSONL)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--device", help="cpu, cuda ... (default: cuda if available)")
-    ap.add_argument("--decoder", choices=("auto", "hf", "lean"),
-                    help="decode step (TrainConfig.decoder; default: a run's own, else auto)")
+    ap.add_argument("--decoder", choices=DECODERS,
+                    help=f"decode step (TrainConfig.decoder; default: a run's own, else {C.decoder})")
     ap.add_argument("--no-bf16", action="store_true",
                     help="decode in the weights' dtype (default: bf16 autocast, the training numerics)")
-    ap.add_argument("--mmap-threshold-mb", type=int, default=host_memory.MMAP_THRESHOLD >> 20,
+    ap.add_argument("--mmap-threshold-mb", type=int, default=C.mmap_threshold_mb,
                     help="glibc malloc: blocks of this many MiB or more go back to the kernel when "
                          "freed (TrainConfig.mmap_threshold_mb; 0 = glibc's dynamic default)")
     ap.add_argument("--no-progress", action="store_true")
@@ -86,8 +91,8 @@ def main(argv=None) -> int:
     import torch
     from lopti_minimal.models import ModelLoadError, load_model_and_tokenizer
     from lopti_minimal.precision import attention_kernels
-    from lopti_minimal.runs import RUNS_ROOT, resolve_model_source
-    from lopti_minimal.task.evaluate import DEFAULT_MAX_NEW_TOKENS, evaluate_records, format_table, write_eval_json
+    from lopti_minimal.runs import RUNS_ROOT, config_from_json, resolve_model_source
+    from lopti_minimal.task.evaluate import evaluate_records, format_table, write_eval_json
     try:
         if a.samples < 1:
             raise ValueError(f"--samples must be >= 1, got {a.samples}")
@@ -106,10 +111,9 @@ def main(argv=None) -> int:
     except (ValueError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    budget = a.max_new_tokens or (
-        {int(k): v for k, v in run_cfg["eval_max_new_tokens"].items()} if run_cfg else DEFAULT_MAX_NEW_TOKENS)
-    style = run_cfg["prompt_style"] if run_cfg else "auto"
-    decoder = a.decoder or (run_cfg.get("decoder", "hf") if run_cfg else "auto")   # old runs: hf
+    run = config_from_json(run_cfg) if run_cfg else C()        # a run's settings, else the defaults
+    budget = a.max_new_tokens or run.eval_max_new_tokens
+    style, decoder = run.prompt_style, a.decoder or run.decoder
     print(f"[eval] {source} on {len(records)} puzzles ({tag}), "
           f"{'greedy' if a.samples == 1 else f'{a.samples} samples at T={a.temperature}'}")
     prefix = a.response_prefix.replace("\\n", "\n")              # the shell passes "\n" literally

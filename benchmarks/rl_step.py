@@ -10,8 +10,8 @@ of the preset, the prompts of step 0, 1, ... exactly as `train.py` picks them), 
 preset's numerics (bf16 autocast on a CPU, float32 master weights):
 
 sampler  rollout tokens/s: `trainer.rollout` (our `sample_groups`, the preset's decoder:
-         decode.py's lean loop on a CPU; "ours_hf": decoder="hf", transformers' forward,
-         static KV cache) against transformers `model.generate` on the same model, prompts,
+         decode.py's lean step on a CPU; "ours_hf": decoder="hf", transformers' forward
+         over decode.KVCache) against transformers `model.generate` on the same model, prompts,
          batch (prompts x G rows), temperature (no top-k/top-p), length, autocast. Two modes:
          "eos"   rows stop at EOS (the RL setting; lengths differ by sampler RNG, so
                  compare tokens/s, not seconds);
@@ -19,8 +19,8 @@ sampler  rollout tokens/s: `trainer.rollout` (our `sample_groups`, the preset's 
                  ours with eos_token_id=[]; generate with min_new_tokens=R (its EOS setting
                  falls back to the model's when None is passed, so EOS is suppressed by its
                  min-new-tokens logits processor instead: one masked fill per step).
-update   the update phase on one rollout batch: `grpo.grpo_update` and `lopti.lopti_update`
-         (seconds, response tokens/s), a no-grad log-prob pass (`grpo.batch_logprobs`,
+update   the update phase on one rollout batch (`trainer.make_batch`'s): `trainer.update` for
+         GRPO and for AR+Lopti (seconds, response tokens/s), a no-grad log-prob pass (`grpo.batch_logprobs`,
          the cost of old / reference log-probs), and a bare forward+backward over the same
          tokens and micro-batches (`grpo.token_logprobs`, a plain summed log-likelihood,
          backward; no policy loss, no optimizer) -- the ratio update / bare is the
@@ -139,15 +139,16 @@ def part_sampler(S: Setup, args) -> dict:
     from transformers import GenerationConfig
     from lopti_minimal import plumbing, trainer as T
     from lopti_minimal.precision import autocast
-    from lopti_minimal.sampling import left_pad, sample_groups
+    from lopti_minimal.batch import group_rows
+    from lopti_minimal.sampling import sample_groups
     cfg, model, tok = S.cfg, S.model, S.tok
     G, R = cfg.group_size, cfg.max_new_tokens
     _, prompts = S.step_prompts(0)
-    ids, am = (x.repeat_interleave(G, 0).to(S.device) for x in left_pad(prompts, tok.pad_token_id))
+    ids, am = group_rows(prompts, G, tok.pad_token_id, S.device)      # the sampler's rows
     B, eos = ids.shape[0], tok.eos_token_id
     model.eval()
 
-    def ours(fixed: bool, seed: int, filled_prefix: bool = True, decoder: str = cfg.decoder):
+    def ours(fixed: bool, seed: int, decoder: str = cfg.decoder):
         gen = plumbing.step_generator(cfg.seed, seed, S.device)
         if not fixed:        # exactly what rl_step calls (with this decoder)
             ro = T.rollout(model, tok, prompts, replace(cfg, decoder=decoder), gen)
@@ -156,14 +157,11 @@ def part_sampler(S: Setup, args) -> dict:
                 ro = sample_groups(model, prompts, G, R, temperature=cfg.temperature,
                                    top_p=cfg.top_p, top_k=cfg.top_k, eos_token_id=[],
                                    pad_token_id=tok.pad_token_id, generator=gen, decoder=decoder,
-                                   logprobs=not cfg.recompute_old_logprobs, filled_prefix=filled_prefix)
+                                   logprobs=not cfg.recompute_old_logprobs)
         return int(ro.response_mask.sum())
 
     def ours_hf(fixed: bool, seed: int):            # transformers' forward as the decode step
         return ours(fixed, seed, decoder="hf")
-
-    def ours_whole(fixed: bool, seed: int):         # ours_hf attending the whole static cache
-        return ours(fixed, seed, filled_prefix=False, decoder="hf")
 
     def hf(fixed: bool, seed: int):
         torch.manual_seed(seed)
@@ -183,7 +181,7 @@ def part_sampler(S: Setup, args) -> dict:
     res = {"rows": B, "prompts": len(prompts), "prompt_len_max": int(ids.shape[1]),
            "max_new_tokens": R}
     both = (("ours", ours), ("ours_hf", ours_hf))
-    contenders = {"fixed": both + (("ours_whole", ours_whole), ("generate", hf)), "eos": both + (("generate", hf),)}
+    contenders = {mode: both + (("generate", hf),) for mode in ("fixed", "eos")}
     for mode in ("fixed", "eos"):
         fixed = mode == "fixed"
         for name, fn in contenders[mode]:
@@ -211,8 +209,6 @@ def part_sampler(S: Setup, args) -> dict:
                   f"{res[f'{mode}_{name}_tok_s']:>11.0f}")
         print(f"{mode:8}ours / generate tokens/s = {res[f'{mode}_speedup']:.2f}  (goal >= 1); ours "
               f"(decoder {cfg.decoder}) / ours_hf = {res[f'{mode}_lean_speedup']:.2f}")
-    res["filled_prefix_speedup"] = res["fixed_ours_hf_tok_s"] / res["fixed_ours_whole_tok_s"]
-    print(f"fixed   ours_hf / ours_hf attending the whole static cache = {res['filled_prefix_speedup']:.2f}")
     return res
 
 
@@ -220,29 +216,13 @@ def part_sampler(S: Setup, args) -> dict:
 
 
 def rollout_batch(S: Setup, step: int = 0):
-    """One step's rollout turned into the update batch exactly as rl_step does (rewards,
-    group advantages, rows sorted by length, recomputed old log-probs, reference log-probs),
-    and its AR advantages (alpha of AR+Lopti)."""
-    from lopti_minimal import plumbing, trainer as T
-    from lopti_minimal.config import paper_settings
-    from lopti_minimal.grpo import batch_logprobs, group_advantages, sort_by_length, token_advantages
-    from lopti_minimal.precision import autocast
-    from lopti_minimal.reweight import reweight_advantages
-    from lopti_minimal.sampling import decode_responses
-    cfg = S.cfg
+    """One step's update batch as rl_step makes it (trainer.make_batch, GRPO's advantages),
+    and the config of AR+Lopti with the same batch after its AR (trainer.reweight)."""
+    from lopti_minimal import trainer as T
+    grpo, ar_lopti = (replace(S.cfg, method=m, alpha=None, eta=None) for m in ("grpo", "ar_lopti"))
     records, prompts = S.step_prompts(step)
-    ro = T.rollout(S.model, S.tok, prompts, cfg, plumbing.step_generator(cfg.seed, step, S.device))
-    texts = decode_responses(S.tok, ro)
-    recs = [r for r in records for _ in range(cfg.group_size)]
-    rewards = torch.tensor([T.default_reward(t, r) for t, r in zip(texts, recs)])
-    adv = group_advantages(rewards, cfg.group_size, cfg.adv_eps).to(S.device)
-    batch = sort_by_length(replace(ro, advantages=token_advantages(adv, ro.response_mask)), cfg)
-    with autocast(cfg, S.device):
-        batch = replace(batch, old_logprobs=batch_logprobs(S.model, batch, cfg))
-        if S.ref is not None:
-            batch = replace(batch, ref_logprobs=batch_logprobs(S.ref, batch, cfg))
-        ar_adv = reweight_advantages(batch.advantages, batch.old_logprobs, paper_settings("ar_lopti")["alpha"])
-    return batch, ar_adv
+    batch = T.make_batch(S.model, S.ref, S.tok, records, prompts, grpo, step).batch
+    return batch, grpo, T.reweight(batch, ar_lopti), ar_lopti
 
 
 def bare_forward_backward(model, batch, cfg, optimizer=None):
@@ -268,13 +248,12 @@ def bare_forward_backward(model, batch, cfg, optimizer=None):
 
 
 def part_update(S: Setup, args) -> dict:
-    from lopti_minimal.config import paper_settings
-    from lopti_minimal.grpo import batch_logprobs, grpo_update
-    from lopti_minimal.lopti import lopti_update
+    from lopti_minimal import trainer as T
+    from lopti_minimal.grpo import batch_logprobs
     from lopti_minimal.precision import autocast, build_optimizer
     cfg = S.cfg
     S.reset_weights()
-    batch, ar_adv = rollout_batch(S)
+    batch, grpo, ar_batch, ar_lopti = rollout_batch(S)
     n_resp = int(batch.response_mask.sum())
     n_all = int(batch.attention_mask.sum())
     B, L = batch.input_ids.shape
@@ -290,9 +269,8 @@ def part_update(S: Setup, args) -> dict:
         "logprobs (no grad)": lambda: batch_logprobs(S.model, batch, cfg),
         "bare fwd+bwd": lambda: bare_forward_backward(S.model, batch, cfg),
         "bare fwd+bwd+AdamW": lambda: bare_forward_backward(S.model, batch, cfg, opt),
-        "grpo_update": lambda: grpo_update(S.model, opt, batch, cfg),
-        "lopti_update (AR)": lambda: lopti_update(S.model, opt, replace(batch, advantages=ar_adv), cfg,
-                                                  eta=paper_settings("ar_lopti")["eta"]),
+        "grpo_update": lambda: T.update(S.model, opt, batch, grpo, 0),
+        "lopti_update (AR)": lambda: T.update(S.model, opt, ar_batch, ar_lopti, 0),
     }
     times = {k: [] for k in cases}
     for r in range(args.repeats + 1):                  # round 0 is the warm-up
@@ -334,10 +312,10 @@ def bare_fwd_bwd(S, batch, cfg, opt):
 
 class PhaseTimers:
     """Timers wrapped around the functions trainer.rl_step calls, installed for the
-    duration of a `with` block. rl_step calls trainer.rollout and trainer.batch_logprobs
-    (grpo's, imported into trainer) by their module-global names, so patching those
-    attributes of trainer reaches exactly those calls (the mechanism's and lopti.py's own
-    bindings are untouched)."""
+    duration of a `with` block. Its make_batch calls trainer.rollout and
+    trainer.batch_logprobs (grpo's, imported into trainer) by their module-global names, so
+    patching those attributes of trainer reaches exactly those calls (the mechanism's and
+    lopti.py's own bindings are untouched)."""
 
     def __init__(self, ref):
         self.ref = ref

@@ -9,7 +9,8 @@ each (the first call of each warms up).  A figure-printing benchmark, not a test
 """
 import sys, time, torch
 from lopti_minimal.models import make_tiny_model
-from lopti_minimal.sampling import sample_groups, left_pad
+from lopti_minimal.batch import left_pad
+from lopti_minimal.sampling import sample_groups
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
 preset = sys.argv[2] if len(sys.argv) > 2 else "tiny"
 model = make_tiny_model(preset, 1024).eval()

@@ -205,8 +205,7 @@ def run_trl(cfg, tok, steps, texts, mb, args) -> dict:
     else:
         trainer = LoptiGRPOTrainer(model=model_path(cfg), reward_funcs=kk_reward, args=targs,
                                    train_dataset=dataset, processing_class=tok, callbacks=[Timer()],
-                                   method=cfg.method, alpha=cfg.alpha, eta=cfg.eta,
-                                   lopti_order=cfg.lopti_order)
+                                   cfg=cfg)
     phase = {"gen": [], "score": []}
     gen_orig, score_orig = trainer._generate_single_turn, trainer._generate_and_score_completions
 

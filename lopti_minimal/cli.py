@@ -22,6 +22,10 @@ import dataclasses
 import sys
 
 
+class TrainError(ValueError):
+    """Bad input: the command line prints it as one line and exits with code 2."""
+
+
 def one_line_error(message: str):
     """argparse's errors as one line and exit code 2 (its default prints the usage too):
     ``parser.error = one_line_error``."""

@@ -12,16 +12,16 @@ Design choices:
 2. The paper's settings are one marked section of it, "The method", each field with the
    paper's equation or the reference's name and value (the reference: the authors' verl
    fork, its K&K launch scripts scripts/train_kklogic_*_4x80GB.sh, Qwen2.5-3B and 7B on 4 x
-   80 GB). The per-method values live in one table, `PAPER_SETTINGS`: AR alone alpha 0.2,
-   Lopti alone eta 0.4, AR+Lopti alpha 0.3 and eta 0.5; a method that does not use a knob
-   holds None for it (`uses_ar`, `uses_lopti`: the one place that says which method uses
-   which).
+   80 GB). Every method is one row of one table, `METHODS`: what it adds to GRPO and the
+   paper's K&K values (AR alone alpha 0.2, Lopti alone eta 0.4, AR+Lopti alpha 0.3 and eta
+   0.5), None for a knob it does not use; the code asks the table's predicates (`uses_ar`,
+   `uses_lopti`, `uses_token_fix`), never a method's name.
 3. Presets are overrides of the defaults, and the defaults *are* the ``cpu-tiny`` preset
    (the embedded run: the shipped tiny warm start on a 2-core CPU). So a command-line
    option defaults to None ("not given") and the preset's value stands unless the user
    says otherwise. Every deviation of cpu-tiny from the reference is said, with the
    reason; the GPU presets keep the reference values.
-4. A saved config (run.json) is read back by `config_from_json`, old ones too (its rule).
+4. A saved config (run.json) is written and read back by runs.py, old ones too.
 5. This module imports no torch (only dataclasses and argparse), so `train.py --help` and
    argument errors are instant.
 """
@@ -32,55 +32,69 @@ import dataclasses
 from dataclasses import asdict, dataclass
 
 from . import cli, host_memory
-from .cli import option
+from .cli import TrainError, option
 
-# Beyond the paper: later methods acting on the same tokens differently, each a per-token
-# policy term on GRPO's advantages (token_fixes.py; their knobs are TrainConfig fields).
-TOKEN_FIXES = ("entropy_top", "cispo", "clip_cov", "kl_cov")
-PAPER_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
-METHODS = PAPER_METHODS + TOKEN_FIXES
+
+@dataclass(frozen=True)
+class Method:
+    """What a method adds to GRPO (paper Eq. 1); None: not used."""
+    label: str                    # in reports: "GRPO" + this
+    alpha: float | None = None    # AR (Eq. 4): its strength in the paper's K&K runs
+    eta: float | None = None      # Lopti (Algorithm 1): its threshold on pi_old, ditto
+    token_fix: bool = False       # beyond the paper: a per-token policy term (token_fixes.py)
+
+
+# The methods, each once: the paper's, with its K&K settings (Yang et al. 2025 and the
+# reference's launch scripts), and later methods acting on the same tokens differently, each a
+# per-token policy term on GRPO's advantages (token_fixes.py; their knobs are TrainConfig fields).
+METHODS = {"grpo": Method(""), "ar": Method("+AR", alpha=0.2), "lopti": Method("+Lopti", eta=0.4),
+           "ar_lopti": Method("+AR+Lopti", alpha=0.3, eta=0.5),
+           "entropy_top": Method("+top-20% entropy", token_fix=True), "cispo": Method("+CISPO", token_fix=True),
+           "clip_cov": Method("+Clip-Cov", token_fix=True), "kl_cov": Method("+KL-Cov", token_fix=True)}
+PAPER_METHODS = tuple(m for m, d in METHODS.items() if not d.token_fix)
+TOKEN_FIXES = tuple(m for m, d in METHODS.items() if d.token_fix)
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOPTI_ORDERS = ("low_first", "high_first")
 # Lopti's first stage: the tokens with pi_old < eta (Algorithm 1), or as many drawn at random
 LOPTI_SPLITS = ("probability", "random")
 # The decode step of sampling (sampling.sample_groups, decode.py): auto = lean on a CPU
 DECODERS = ("auto", "hf", "lean")
-# The paper's K&K settings per method (Yang et al. 2025 and the reference's launch scripts).
-PAPER_SETTINGS = {"grpo": {}, "ar": {"alpha": 0.2}, "lopti": {"eta": 0.4},
-                  "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
 # Every method logs `low_fraction`, the share of tokens with pi_old < eta (what Lopti's first
 # stage holds); a method without Lopti measures it at AR+Lopti's eta.
-LOW_FRACTION_ETA = PAPER_SETTINGS["ar_lopti"]["eta"]
+LOW_FRACTION_ETA = METHODS["ar_lopti"].eta
+# The evaluation's response budget per size for the tiny model (train.py's evaluation,
+# eval.py): above the longest phrased derivation for 3 and 4 people (~550 and ~1,100 tokens,
+# a full search), the 95th percentile for 5 (~1,300); 6 and 7 people are capped to keep the
+# evaluation cheap (the tiny model almost never solves them). Every extra token costs a
+# decoding step of the whole batch.
+EVAL_MAX_NEW_TOKENS = {3: 640, 4: 1152, 5: 1536, 6: 1536, 7: 2048}
 
 
 def uses_ar(method: str) -> bool:
     """Whether ``method`` reweights its advantages (AR, paper Eq. 4)."""
-    return method in ("ar", "ar_lopti")
+    return method in METHODS and METHODS[method].alpha is not None
 
 
 def uses_lopti(method: str) -> bool:
     """Whether ``method`` updates in Lopti's two stages (paper Algorithm 1)."""
-    return method in ("lopti", "ar_lopti")
+    return method in METHODS and METHODS[method].eta is not None
+
+
+def uses_token_fix(method: str) -> bool:
+    """Whether ``method`` is a later method's per-token policy term (token_fixes.py)."""
+    return method in METHODS and METHODS[method].token_fix
 
 
 def paper_settings(method: str) -> dict:
-    """{"alpha", "eta"} of ``method`` as in the paper's K&K runs (PAPER_SETTINGS); None for
-    a knob the method does not use."""
-    paper = PAPER_SETTINGS.get(method, {})
-    return {"alpha": paper.get("alpha") if uses_ar(method) else None,
-            "eta": paper.get("eta") if uses_lopti(method) else None}
+    """{"alpha", "eta"} of ``method`` as in the paper's K&K runs (METHODS); None for a knob
+    the method does not use."""
+    m = METHODS.get(method, METHODS["grpo"])
+    return {"alpha": m.alpha, "eta": m.eta}
 
 
-def _eval_budget() -> dict:
-    """The evaluation rule's response budget per size (task.evaluate owns it), as a fresh
-    dict. Imported when a config is built, not with this module: task.evaluate imports
-    torch, and `train.py --help` should not."""
-    from .task.evaluate import DEFAULT_MAX_NEW_TOKENS
-    return dict(DEFAULT_MAX_NEW_TOKENS)
-
-
-class TrainError(ValueError):
-    """Bad input: the CLI prints it as one line and exits with code 2."""
+def without_ar(method: str) -> str:
+    """The paper's method that is ``method`` without AR (AR at alpha = 0 is exactly it, Eq. 4)."""
+    return next(m for m in PAPER_METHODS if not uses_ar(m) and uses_lopti(m) == uses_lopti(method))
 
 
 def parse_steps(text: str) -> tuple[int, ...]:
@@ -143,9 +157,9 @@ class TrainConfig:
     adv_eps: float = option(1e-6)    # A = (r - mean) / (std + 1e-6), the reference's epsilon
     temperature: float = option(0.7, "sampling temperature (also divides the logits in "
                                 "training)")                    # reference 0.7
-    # Reference 1e-6 is for 3B/7B models; a ~3.4M-parameter model needs a far larger step.
-    # From the shipped warm start 1e-4 selects the derivations within about 10 steps at a
-    # k3 KL of ~0.02/token; at 2e-4 a warm start drifted to 0.38/token in 6 steps.
+    # Reference 1e-6 is for 3B/7B models; a ~3.4M-parameter model needs a far larger step:
+    # 1e-4 selects the warm start's derivations within the default run while the k3 KL to
+    # pi_ref stays small, where a step twice as large drifts away from pi_ref.
     lr: float = option(1e-4, "AdamW learning rate")
     # The optimizer's step is lr x lr_scale (`optimizer_lr`). Only the study sets the scale,
     # for its step-size control (GRPO at twice the learning rate): lr then stays the value
@@ -175,8 +189,7 @@ class TrainConfig:
     # GPUs, 8 rows per forward on each (so grad_accum="verl" reproduces its per-micro-batch
     # means). Under grad_accum="global" only memory, speed and float rounding depend on it.
     # On a CPU 8 is also faster than 32: the rows sorted by length waste less padding, and
-    # each temporary is small enough to be reused from the heap (compare
-    # `benchmarks/memory.py --set micro_batch_size=32`; docs/PERFORMANCE.md).
+    # each temporary is small enough to be reused from the heap (docs/PERFORMANCE.md).
     micro_batch_size: int = option(8, "responses per forward/backward (memory only)")
     # "global": the exact token-mean over the mini-batch; "verl": the reference's mean of
     # per-micro-batch means (grpo.grpo_update explains it)
@@ -209,14 +222,13 @@ class TrainConfig:
     # reference: 5 epochs x 4,500 / 64 ~ 350 steps; sized here to fit the 15-minute CPU
     # budget of the default run
     steps: int = option(20, "RL steps (with --resume: extend the run to this many)")
-    prompts_per_step: int = option(8, "prompts per RL step")    # reference 64; a 2-core CPU
-                                                                # samples ~40 x fewer tokens/s
+    prompts_per_step: int = option(8, "prompts per RL step")    # reference 64 (for 4 GPUs)
     top_p: float = option(1.0, "nucleus sampling (1 = off)")   # reference: no filtering
     top_k: int = option(0, "top-k sampling (0 = off)")
     # Reference 4,096. Never cuts a derivation of the sizes the default trains on: the
     # longest phrased 3-person derivation, a full search that finds nothing, has ~550
     # tokens. A cut derivation scores -3, below a wrong guess (-0.5), and teaches the policy
-    # to guess (measured with 3- and 4-person puzzles and a 512 cap: guesses won in 3 steps).
+    # to guess.
     max_new_tokens: int = option(640, "response budget of an RL rollout")
     # verl drops over-long prompts the same way; reference 400
     max_prompt_len: int = option(256, "longer RL prompts are dropped")
@@ -238,17 +250,16 @@ class TrainConfig:
     # weights everywhere; bfloat16 weights only with an optimizer that rounds stochastically
     # (adamw8bit), else small updates round away.
     dtype: str = option("auto", "weight dtype: auto (float32) | float32 | bfloat16")
-    # bf16 matmuls under autocast, on CPU (AMX/AVX-512: ~4x faster update on this machine)
-    # and CUDA alike
+    # bf16 matmuls under autocast, on a CPU (AMX/AVX-512: far faster than float32's) and CUDA
+    # alike
     autocast_bf16: bool = option(True, "bf16 autocast for compute", flag="--no-bf16")
     ref_dtype: str = option("same", "the frozen pi_ref copy: same | bfloat16 (half the memory)")
     # reference AdamW (float32 state); adamw8bit: torchao's 8-bit AdamW with bf16 stochastic
     # rounding, for bf16 weights where float32 ones do not fit; adafactor (transformers)
     optimizer: str = option("adamw", "adamw | adamw8bit | adafactor")
     # On by default, on a CPU too: it keeps one micro-batch's activations per layer instead of
-    # all of them (the tiny model's update peaked ~1.2 GB higher without), for one more forward
-    # in the backward; the gradients are bit for bit the same (non-reentrant checkpointing,
-    # models.set_gradient_checkpointing; tested). benchmarks/memory.py measures both.
+    # all of them, for one more forward in the backward; the gradients are bit for bit the
+    # same (non-reentrant checkpointing, models.set_gradient_checkpointing; tested).
     gradient_checkpointing: bool = option(True, "recompute activations in the backward (less memory, "
                                           "same gradients, one more forward)",
                                           flag="--no-gradient-checkpointing")
@@ -256,20 +267,17 @@ class TrainConfig:
     lora_rank: int = option(0, "train LoRA adapters of this rank instead of all weights (0 = off, "
                             "as in the paper; needs peft)")
     rollout_chunk: int = option(0, "prompts per sampling call (0 = all): bounds the KV cache on a GPU")
-    # The same sampler either way, but for the decode step (decode.py). Samples differ where
-    # the last bits of a logit decide a token; runs saved before this option ran hf.
+    # The same sampling loop either way, but for the decode step (decode.py). Samples differ
+    # where the last bits of a logit decide a token.
     decoder: str = option("auto", "decode step of sampling and evaluation: auto (lean on a CPU, "
-                          "else hf) | lean (decode.py: over 2x the tokens/s on a CPU) | hf "
-                          "(transformers' forward: the samples of the shipped results)",
-                          choices=DECODERS)
+                          "else hf) | lean (decode.py: the same arithmetic in fewer ops, faster on "
+                          "a CPU) | hf (transformers' forward)", choices=DECODERS)
     threads: int | None = option(None, "torch CPU threads (default: all cores)", type=int)
     # Host memory (host_memory.py). glibc keeps freed blocks below its dynamic mmap threshold
     # (up to 32 MiB) in the heap, where they fragment and the resident set grows; above a
     # fixed threshold, blocks go back to the kernel on free, but each new one is a fresh
-    # mapping the kernel must fault in and zero. Measured on 3 late default steps and the
-    # 7-person evaluation (AMD EPYC 2-core, benchmarks/memory.py, docs/PERFORMANCE.md):
-    # peak / s per step 1.32 GB / 32 s at 1 MiB, 1.52 / 19 at 4, 1.58 / 18 at 8, 1.59 / 16
-    # with glibc's default (0). 4 is the knee.
+    # mapping the kernel must fault in and zero. 4 MiB is the knee of that trade of peak
+    # memory against step time (docs/PERFORMANCE.md).
     mmap_threshold_mb: int = option(host_memory.MMAP_THRESHOLD >> 20, "glibc malloc: blocks of this many MiB or more are returned "
                                     "to the kernel on free (lower: less memory, slower; "
                                     "0 = glibc's dynamic default)")
@@ -285,9 +293,9 @@ class TrainConfig:
     eval_sizes: tuple = option((3, 4, 5, 6, 7), "official sizes to evaluate, e.g. 3,4",
                                type=parse_sizes)
     eval_per_size: int = option(100, "puzzles per size (the official sets have 100)")
-    eval_max_new_tokens: dict = option(factory=_eval_budget)
-    # Memory only (the KV cache of one batch): 50 kept the default run's evaluation peak at
-    # 1.31 GB where 100 reached 1.52 (benchmarks/memory.py); the GPU presets take 100 or less.
+    eval_max_new_tokens: dict = option(factory=lambda: dict(EVAL_MAX_NEW_TOKENS))
+    # Memory only (the KV cache of one batch): 50 bounds the default run's evaluation peak
+    # (docs/PERFORMANCE.md); the GPU presets take 100 or less.
     eval_batch_size: int = option(50, "puzzles per generate call in the evaluation")
     final_eval: bool = option(True, "skip the final evaluation", flag="--no-eval")
     eval_before: bool = option(False, "also evaluate the initial policy (eval_before.json)")
@@ -305,7 +313,6 @@ class TrainConfig:
     save_every: int = option(10, "checkpoint every N steps (a crash loses at most N steps)")
     # 0 keeps every one, e.g. to evaluate the policy along the run
     keep_checkpoints: int = option(2, "periodic checkpoints kept (0 keeps all)")
-    save_dtype: str = option("same")     # checkpoints keep the training dtype: resume is exact
     preset: str = option("cpu-tiny")     # set by make_config (train.py --preset)
     progress: bool = option(True, "no tqdm bars", flag="--no-progress")
     plots: bool = option(True, "no plots", flag="--no-plots")
@@ -326,6 +333,10 @@ class TrainConfig:
     @property
     def uses_lopti(self) -> bool:
         return uses_lopti(self.method)
+
+    @property
+    def uses_token_fix(self) -> bool:
+        return uses_token_fix(self.method)
 
     @property
     def optimizer_lr(self) -> float:
@@ -472,34 +483,3 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"heldout-steps must be >= 1, got {cfg.heldout_steps}")
     if min(cfg.save_every, cfg.eval_every, cfg.keep_checkpoints, cfg.grad_shares_every) < 0:
         raise TrainError("save-every, eval-every, keep-checkpoints and grad-shares-every must be >= 0")
-
-
-def config_to_json(cfg: TrainConfig) -> dict:
-    d = asdict(cfg)
-    d["eval_max_new_tokens"] = {str(k): v for k, v in cfg.eval_max_new_tokens.items()}
-    return d
-
-
-# How `config_from_json` reads a config saved by an older version (run.json, a checkpoint's
-# trainer_state.pt): a field the file lacks takes the value the code had before the field
-# existed, which is its default here unless listed below; a key that is no longer a field
-# is dropped (a removed field).
-MISSING_DEFAULTS = {
-    # Runs saved before the clamp was an option ran with current verl's 20 (grpo.kl_k3).
-    "kl_log_ratio_clamp": 20.0,
-    # Runs saved before the decoder was an option sampled with transformers' forward.
-    "decoder": "hf",
-}
-_TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas", "heldout_steps")
-
-
-def config_from_json(d: dict) -> TrainConfig:
-    """The TrainConfig of a saved config (`config_to_json`), old ones too (MISSING_DEFAULTS)."""
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    d = {**MISSING_DEFAULTS, **{k: v for k, v in d.items() if k in names}}
-    if "eval_max_new_tokens" in d:
-        d["eval_max_new_tokens"] = {int(k): v for k, v in d["eval_max_new_tokens"].items()}
-    for k in _TUPLE_FIELDS:
-        if k in d:
-            d[k] = tuple(d[k])
-    return TrainConfig(**d)

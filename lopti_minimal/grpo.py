@@ -14,16 +14,22 @@ Design choices:
    which every function here reads its numbers from).
 2. The code is written from the formulas; the comments say where a choice reproduces the
    reference and where it deliberately differs.
-3. Gradient accumulation is exact by default (grad_accum="global": the accumulated
-   gradient equals the whole-mini-batch gradient); grad_accum="verl" reproduces the
-   reference's mean of per-micro-batch means.
+3. Gradient accumulation is exact by default (grad_accum="global": each micro-batch's
+   summed loss is divided by the token count of the whole mini-batch, so the accumulated
+   gradient equals the whole-mini-batch gradient). The reference (verl
+   dp_actor.update_policy) instead takes each micro-batch's own token-mean and divides it by
+   the number of micro-batches (and FSDP then averages the 4 GPUs): a mean of
+   per-micro-batch means, which weights tokens of short micro-batches more;
+   grad_accum="verl" reproduces that.
 4. A mini-batch with nothing to train on (e.g. an empty Lopti stage) makes no optimizer
    step, where the reference would still step on a zero gradient (see lopti.py).
 5. Mini-batch membership. Ours are contiguous slices of the group-major batch (the G
    responses of a prompt stay together). The reference first reorders the rows
    (`_balance_batch` in its ray_trainer.py, which balances token counts across GPUs), so
-   its mini-batches mix groups differently. Whenever prompts x G <= mini_batch_size (every
-   preset here) there is one mini-batch per pass and the two agree up to summation order.
+   its mini-batches mix groups differently. Where prompts x G <= mini_batch_size (the CPU
+   presets) there is one mini-batch per pass and the two agree up to summation order; the
+   GPU presets' 64 x 8 = 512 rows make two mini-batches of 256 per pass, two optimizer
+   steps as in the reference, of other rows than the reference's.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ import math
 
 import torch
 
-from .sampling import Rollout, position_ids_from_mask
+from .batch import Rollout, position_ids_from_mask
 
 
 # ------------------------------------------------------------------- advantages
@@ -202,7 +208,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     Returns (loss [B, R], stats) where stats holds per-token tensors for metrics:
     ratio, clipped (the clip bound was active), dual_clipped.
-    The log-ratio is clamped to [-20, 20] before exp, as the reference does.
+    The log-ratio is clamped to [-20, 20] before exp, an overflow guard: current verl clamps
+    there; the authors' fork does not clamp (the two agree within the clamp).
     """
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
@@ -262,23 +269,25 @@ def batch_logprobs(model, batch: Rollout, cfg, entropy: bool = False):
     return tuple(cols) if entropy else cols[0]
 
 
-def _micro_batch_loss(model, batch: Rollout, mb, advantages, train_mask, denom_mask, cfg,
-                      n_tok, n_seq, n_micro, pg_loss=None):
-    """The loss of one micro-batch (rows `mb`), scaled so that the micro-batch losses of
-    a mini-batch add up to the mini-batch loss, and its metrics."""
+def _micro_batch_loss(model, batch: Rollout, mb: slice, masks: tuple, cfg, norm: tuple, pg_loss=None):
+    """The loss of one micro-batch (rows ``mb``), scaled so that the micro-batch losses of a
+    mini-batch add up to the mini-batch loss, and its statistics. ``masks``: (the tokens
+    trained on, the tokens counted in the denominator); ``norm``: the mini-batch's (token
+    count, sequence count, micro-batches) that the scaling divides by."""
     logp = token_logprobs(model, batch.input_ids[mb], batch.attention_mask[mb],
                           batch.prompt_len, cfg.temperature)
     if pg_loss is None:
-        pg, st = policy_loss(logp, batch.old_logprobs[mb], advantages[mb],
+        pg, st = policy_loss(logp, batch.old_logprobs[mb], batch.advantages[mb],
                              cfg.eps_low, cfg.eps_high, cfg.clip_c)
     else:       # another method's per-token policy term (token_fixes.py)
-        pg, st = pg_loss(logp, batch.old_logprobs[mb], advantages[mb], mb)
+        pg, st = pg_loss(logp, batch.old_logprobs[mb], batch.advantages[mb], mb)
     kl = torch.zeros_like(pg)
     if batch.ref_logprobs is not None:
         kl = kl_k3(logp, batch.ref_logprobs[mb], cfg.kl_log_ratio_clamp)
     per_token = pg + cfg.kl_coef * kl
     # Masked tokens contribute 0 to the numerator; `dm` decides the denominator.
-    tm, dm = train_mask[mb], denom_mask[mb]
+    tm, dm = masks[0][mb], masks[1][mb]
+    n_tok, n_seq, n_micro = norm
     if cfg.grad_accum == "global":
         loss = agg_loss(per_token, tm, cfg.loss_agg_mode, n_tok, n_seq, dm)
     elif cfg.grad_accum == "verl":
@@ -301,6 +310,46 @@ def _micro_batch_loss(model, batch: Rollout, mb, advantages, train_mask, denom_m
     return loss, stats
 
 
+class UpdateMetrics:
+    """grpo_update's bookkeeping, apart from its loop: sums over the micro-batches and the
+    optimizer steps, then (`result`) loss as the mean over mini-batches (the micro-batch
+    losses of one add up to its loss), pg_loss, kl, clip_frac, dual_clip_frac as means over
+    micro-batches, the ratio's mean, min and max over the trained tokens, grad_norm (pre-clip)
+    as the mean over optimizer steps, and n_steps."""
+
+    MICRO = ("pg_loss", "kl", "clip_frac", "dual_clip_frac")     # means over micro-batches
+
+    def __init__(self):
+        self.sums = dict.fromkeys(("loss", *self.MICRO, "ratio_mean", "grad_norm"), 0.0)
+        self.ratio_min, self.ratio_max = math.inf, -math.inf
+        self.n_micro, self.n_steps, self.n_ratio_tok = 0, 0, 0.0
+
+    def micro_batch(self, loss: torch.Tensor, st: dict) -> None:
+        self.sums["loss"] += float(loss.detach())
+        for k in self.MICRO:
+            self.sums[k] += st[k]
+        if st["n_tok"] > 0:
+            self.sums["ratio_mean"] += st["ratio_sum"]
+            self.n_ratio_tok += st["n_tok"]
+            self.ratio_min = min(self.ratio_min, st["ratio_min"])
+            self.ratio_max = max(self.ratio_max, st["ratio_max"])
+        self.n_micro += 1
+
+    def optimizer_step(self, grad_norm: torch.Tensor) -> None:
+        self.sums["grad_norm"] += float(grad_norm)
+        self.n_steps += 1
+
+    def result(self) -> dict:
+        m = {"loss": self.sums["loss"] / max(self.n_steps, 1)}
+        m.update({k: self.sums[k] / max(self.n_micro, 1) for k in self.MICRO})
+        m["ratio_mean"] = self.sums["ratio_mean"] / max(self.n_ratio_tok, 1.0)
+        m["ratio_min"] = self.ratio_min if self.n_ratio_tok else float("nan")
+        m["ratio_max"] = self.ratio_max if self.n_ratio_tok else float("nan")
+        m["grad_norm"] = self.sums["grad_norm"] / max(self.n_steps, 1)
+        m["n_steps"] = self.n_steps
+        return m
+
+
 def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor | None = None,
                 denominator: str = "all", pg_loss=None) -> dict:
     """One GRPO update on a rollout batch: mini-batches, each its own optimizer step, each
@@ -311,9 +360,8 @@ def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor 
                 ref_logprobs unless cfg.kl_coef == 0.
     cfg         a config.TrainConfig: the numbers of its "method" section (temperature,
                 clip ranges, KL, batch sizes, aggregation, ppo_epochs, grad_clip).
-    token_mask  [B, R] optional: the tokens this update trains on (Lopti's stage masks).
-                Outside it the advantage is 0 and the KL term is masked, exactly like the
-                reference, which zeroes `advantages` and multiplies the KL by a mask.
+    token_mask  [B, R] optional: the tokens this update trains on (Lopti's stage masks);
+                outside it the advantage is 0 and the KL term masked, as in the reference.
     denominator "all" (default, faithful to the reference): masked tokens still count in
                 the token-mean denominator, so an update that trains on a fraction f of the
                 tokens is scaled by f. "masked": divide by the trained tokens only.
@@ -323,19 +371,11 @@ def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor 
                 (token_fixes.py: the methods that act on the tokens differently). The KL
                 term, the masks and the aggregation stay as they are.
 
-    Loss per mini-batch (token-mean):  sum_t m_t * (L_pg,t + kl_coef * k3_t) / N_tokens.
+    Loss per mini-batch (token-mean):  sum_t m_t * (L_pg,t + kl_coef * k3_t) / N_tokens,
+    its micro-batches' gradients accumulated as design choice 3 says.
 
-    Gradient accumulation. With grad_accum="global" each micro-batch's summed loss is
-    divided by the token count of the whole mini-batch, so the accumulated gradient equals
-    the whole-mini-batch gradient exactly. The reference (verl dp_actor.update_policy)
-    instead takes each micro-batch's own token-mean and divides it by the number of
-    micro-batches (and FSDP then averages the 4 GPUs): a mean of per-micro-batch means,
-    which weights tokens of short micro-batches more. grad_accum="verl" reproduces that.
-
-    Returns metrics: loss (mean over mini-batches); pg_loss, kl, clip_frac,
-    dual_clip_frac (means over micro-batches); ratio_mean/min/max (over trained
-    tokens); grad_norm (pre-clip, mean over optimizer steps); n_steps.
-    """
+    Returns `UpdateMetrics.result()`: loss, pg_loss, kl, clip_frac, dual_clip_frac,
+    ratio_mean/min/max (over trained tokens), grad_norm (pre-clip), n_steps."""
     model.train()
     B = batch.input_ids.shape[0]
     resp = batch.response_mask.float()
@@ -345,14 +385,9 @@ def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor 
         raise ValueError(f"unknown denominator {denominator!r}")
     if cfg.kl_coef != 0.0 and batch.ref_logprobs is None:
         raise ValueError("kl_coef != 0 needs the reference log-probs (batch.ref_logprobs)")
-    if cfg.kl_coef == 0.0:
-        batch = dataclasses.replace(batch, ref_logprobs=None)
-    advantages = batch.advantages * train_mask
-
-    sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "dual_clip_frac": 0.0,
-            "ratio_mean": 0.0, "grad_norm": 0.0}
-    ratio_min, ratio_max = math.inf, -math.inf
-    n_micro, n_steps, n_ratio_tok = 0, 0, 0.0
+    batch = dataclasses.replace(batch, advantages=batch.advantages * train_mask,
+                                ref_logprobs=batch.ref_logprobs if cfg.kl_coef else None)
+    metrics = UpdateMetrics()
     for _ in range(cfg.ppo_epochs):
         for ms in range(0, B, cfg.mini_batch_size):
             mini = slice(ms, min(ms + cfg.mini_batch_size, B))
@@ -361,37 +396,16 @@ def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor 
                 # so AdamW's momentum and weight decay do not move the weights. The
                 # reference would still step on a zero gradient; see lopti.py.
                 continue
-            n_tok = float(denom_mask[mini].sum())
-            n_seq = float(mini.stop - mini.start)
-            mb_starts = range(mini.start, mini.stop, cfg.micro_batch_size)
+            micro = range(mini.start, mini.stop, cfg.micro_batch_size)
+            norm = (float(denom_mask[mini].sum()), float(mini.stop - mini.start), len(micro))
             optimizer.zero_grad(set_to_none=True)
-            for s in mb_starts:
+            for s in micro:
                 mb = slice(s, min(s + cfg.micro_batch_size, mini.stop))
-                loss, st = _micro_batch_loss(model, batch, mb, advantages, train_mask, denom_mask,
-                                             cfg, n_tok, n_seq, len(mb_starts), pg_loss)
+                loss, st = _micro_batch_loss(model, batch, mb, (train_mask, denom_mask), cfg, norm, pg_loss)
                 loss.backward()
-                sums["loss"] += float(loss.detach())
-                for k in ("pg_loss", "kl", "clip_frac", "dual_clip_frac"):
-                    sums[k] += st[k]
-                if st["n_tok"] > 0:
-                    sums["ratio_mean"] += st["ratio_sum"]
-                    n_ratio_tok += st["n_tok"]
-                    ratio_min = min(ratio_min, st["ratio_min"])
-                    ratio_max = max(ratio_max, st["ratio_max"])
-                n_micro += 1
+                metrics.micro_batch(loss, st)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
-            sums["grad_norm"] += float(grad_norm)
-            n_steps += 1
+            metrics.optimizer_step(grad_norm)
     optimizer.zero_grad(set_to_none=True)
-
-    # The micro-batch losses of a mini-batch add up to its loss: average over mini-batches.
-    metrics = {"loss": sums["loss"] / max(n_steps, 1)}
-    metrics.update({k: v / max(n_micro, 1) for k, v in sums.items()
-                    if k not in ("loss", "ratio_mean", "grad_norm")})
-    metrics["ratio_mean"] = sums["ratio_mean"] / max(n_ratio_tok, 1.0)
-    metrics["ratio_min"] = ratio_min if n_ratio_tok else float("nan")
-    metrics["ratio_max"] = ratio_max if n_ratio_tok else float("nan")
-    metrics["grad_norm"] = sums["grad_norm"] / max(n_steps, 1)
-    metrics["n_steps"] = n_steps
-    return metrics
+    return metrics.result()

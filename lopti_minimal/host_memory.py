@@ -8,10 +8,10 @@ logits, activations of a micro-batch), and glibc's malloc serves such sizes from
 below its *dynamic* mmap threshold. After the first large free the threshold rises (up to
 32 MB on 64-bit), so later blocks of that size come from the heap, where freed memory is
 kept for reuse instead of being returned; pieces of different sizes then fragment the heap
-and the resident set only grows. Fixing the threshold at 1 MiB (`mallopt(M_MMAP_THRESHOLD)`,
-which also turns the dynamic adjustment off) sends every block of 1 MiB or more straight
-to mmap and back to the kernel on free. No number changes: only where the allocator puts
-the bytes. Measured (benchmarks/memory.py; docs/PERFORMANCE.md) on the default run.
+and the resident set only grows. Fixing the threshold (`mallopt(M_MMAP_THRESHOLD)`, which
+also turns the dynamic adjustment off; 4 MiB by default, TrainConfig.mmap_threshold_mb) sends
+every block of that size or more straight to mmap and back to the kernel on free. No number
+changes: only where the allocator puts the bytes (benchmarks/memory.py; docs/PERFORMANCE.md).
 
 Two more holders of memory, found on whole runs: the free pages glibc keeps inside its heap
 (below the threshold), which `trim_heap` hands back between the phases of a step; and the
@@ -64,9 +64,9 @@ def bound_process_memory(mmap_threshold_mb: int = MMAP_THRESHOLD >> 20) -> None:
 def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
     """Cap the two caches of oneDNN kernels that PyTorch keeps on a CPU (the bf16 matmuls
     under autocast): oneDNN's primitive cache and ideep's, 1,024 entries each by default,
-    one per matmul shape. An RL step meets ~170 shapes (every micro-batch width, every batch
-    size the sampler compacts to), so with the defaults the resident set grows for ~7 steps
-    (~0.5 GB on the default run, measured). Each cache reads its variable when it is first
+    one per matmul shape. An RL step meets over a hundred shapes (every micro-batch width,
+    every batch size the sampler compacts to), so with the defaults the resident set grows
+    over the first steps (docs/PERFORMANCE.md). Each cache reads its variable when it is first
     used: call this before the first matmul; a value the user set is kept."""
     for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(var, str(capacity))

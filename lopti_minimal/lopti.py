@@ -35,8 +35,8 @@ import dataclasses
 import numpy as np
 import torch
 
+from .batch import Rollout
 from .grpo import batch_logprobs, grpo_update
-from .sampling import Rollout
 
 
 def split_by_probability(old_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -49,6 +49,13 @@ def split_by_probability(old_logprobs: torch.Tensor, response_mask: torch.Tensor
     low = (old_logprobs.exp() < eta) & valid
     high = (~low) & valid
     return low.float(), high.float()
+
+
+def low_fraction(old_logprobs: torch.Tensor, response_mask: torch.Tensor, eta: float) -> float:
+    """The share of the valid tokens with pi_old(o_t) < eta: the size of Lopti's first stage
+    (every run logs it, a method without Lopti at config.LOW_FRACTION_ETA)."""
+    low, _ = split_by_probability(old_logprobs, response_mask, eta)
+    return float(low.sum()) / max(float(response_mask.sum()), 1.0)
 
 
 def split_at_random(low: torch.Tensor, response_mask: torch.Tensor, generator: torch.Generator):
@@ -92,7 +99,7 @@ def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
     with pi_old < eta (the size of the random split's first stage too)}.
     """
     low, high = split_by_probability(batch.old_logprobs, batch.response_mask, eta)
-    n_low = float(low.sum())
+    low_share = low_fraction(batch.old_logprobs, batch.response_mask, eta)
     if split == "random":             # the same stage sizes, the criterion gone (choice 5)
         if generator is None:
             raise ValueError("the random split needs its generator (split_generator)")
@@ -110,5 +117,4 @@ def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
     if recompute_old:
         batch = dataclasses.replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
     m2 = grpo_update(model, optimizer, batch, cfg, token_mask=second, denominator=denominator)
-    n_valid = float(batch.response_mask.sum())
-    return {"stage1": m1, "stage2": m2, "low_fraction": n_low / max(n_valid, 1.0)}
+    return {"stage1": m1, "stage2": m2, "low_fraction": low_share}

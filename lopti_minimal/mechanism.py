@@ -34,8 +34,8 @@ import time
 
 import torch
 
+from .batch import Rollout
 from .grpo import batch_logprobs, grpo_update
-from .sampling import Rollout
 
 # The paper's fixed bins of pi_old (Fig. 1, Fig. 3); the last one is closed at 1.
 BIN_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)

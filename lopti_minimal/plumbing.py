@@ -37,8 +37,9 @@ import torch
 from tqdm import tqdm
 
 from . import host_memory, runs
-from .config import TrainConfig, TrainError, config_from_json, config_to_json, validate
+from .config import TrainConfig, TrainError, validate
 from .grpo import kl_k3
+from .lopti import low_fraction
 from .lora import load_adapter_state
 from .models import ModelLoadError, count_parameters, default_device, load_model_and_tokenizer, \
     set_gradient_checkpointing
@@ -146,7 +147,7 @@ def read_run_config(path) -> TrainConfig:
     saved = runs.saved_config(path)
     if saved is None:
         raise TrainError(f"--resume {path}: not a lopti-minimal run directory (no valid run.json)")
-    return config_from_json(saved)
+    return runs.config_from_json(saved)
 
 
 def resume_config(run_dir, steps: int | None = None, progress: bool | None = None) -> TrainConfig:
@@ -215,7 +216,7 @@ class Run:
         if not self.resume:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "run.json").write_text(json.dumps(
-                {"kind": runs.RUN_MARKER, "config": config_to_json(cfg), "data": data_path,
+                {"kind": runs.RUN_MARKER, "config": runs.config_to_json(cfg), "data": data_path,
                  "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version(),
                  "machine": runs.machine_info()}, indent=1))
             return 0
@@ -304,7 +305,7 @@ class Run:
             runs.append_jsonl(self.evals_path, {"step": done, **_eval_brief(ev), "peak_rss_gb": peak})
             self.log(f"[eval] step {done}: " + _eval_text(ev))
         if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
-            runs.save_checkpoint(self.dir, done, model, tokenizer, optimizer, config_to_json(cfg),
+            runs.save_checkpoint(self.dir, done, model, tokenizer, optimizer, runs.config_to_json(cfg),
                                  cfg.keep_checkpoints)
 
     def finish(self, model, tokenizer, optimizer) -> dict:
@@ -315,7 +316,7 @@ class Run:
         rl_seconds = time.perf_counter() - self.t_run
         paths = {"run_dir": str(run_dir), "metrics": str(self.metrics_path)}
         if cfg.steps > self.start_step or not (run_dir / "final").exists():
-            runs.save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, config_to_json(cfg),
+            runs.save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, runs.config_to_json(cfg),
                                  cfg.keep_checkpoints)
             runs.save_hf_atomic(model, tokenizer, run_dir / "final")
         paths["final_model"] = str(run_dir / "final")
@@ -371,7 +372,7 @@ def evaluate_on(model, tokenizer, cfg: TrainConfig, records: list[dict], progres
     """Greedy accuracy on any K&K records with the run's evaluation numerics and budget."""
     return evaluate_records(model, tokenizer, records, max_new_tokens=cfg.eval_max_new_tokens,
                             batch_size=cfg.eval_batch_size, prompt_style=cfg.prompt_style,
-                            autocast_bf16=cfg.autocast_bf16, rollout_chunk=0, progress=progress,
+                            autocast_bf16=cfg.autocast_bf16, progress=progress,
                             decoder=cfg.decoder)
 
 
@@ -402,12 +403,13 @@ def _eval_text(ev: dict) -> str:
 # The step's metrics
 # =======================================================================================
 
-def step_metrics(cfg: TrainConfig, step: int, rewards: torch.Tensor, texts: list[str], batch,
-                 stages: tuple, low: float, probe, fix, seconds: dict) -> dict:
-    """The flat dict one RL step logs (metrics.jsonl): the samples, the update (``stages``:
-    grpo_update's metrics, one per Lopti stage in the order they ran), the mechanism
-    (``probe``), the times."""
+def step_metrics(cfg: TrainConfig, step: int, sb, stages: tuple, probe, fix, seconds: dict) -> dict:
+    """The flat dict one RL step logs (metrics.jsonl): the samples (``sb``: trainer.make_batch's
+    StepBatch), the update (``stages``: grpo_update's metrics, one per Lopti stage in the order
+    they ran), the mechanism (``probe``), the times."""
+    batch, rewards, texts = sb.batch, sb.rewards, sb.texts
     mask = batch.response_mask
+    low = low_fraction(batch.old_logprobs, mask, cfg.low_eta)
     lengths = mask.sum(1)                          # response tokens per row
     n_tok = float(lengths.sum())
     # KL: k3 between pi_old (this step's policy) and pi_ref, over all tokens.

@@ -26,11 +26,9 @@ The design choices, each with its reason:
    a machine without CUDA, or bf16 on a GPU without it, is a one-line error that says what
    to use instead.
 5. On CUDA, attention never runs cuDNN's kernel (``attention_kernels``); PyTorch's flash
-   and memory-efficient kernels do. Measured on an H200 (torch 2.11, results/gpu/): with
-   cuDNN's kernel, the default tiny run's gradient norm was NaN at step 3 and a later
-   decode step failed inside cuDNN, and sampling took 36 s a step (a new cuDNN graph for
-   each new sequence length); without it, 3 steps ran with finite gradients at ~4 s of
-   sampling a step.
+   and memory-efficient kernels do. With cuDNN's kernel the default tiny run's gradient
+   norm went NaN, a decode step failed inside cuDNN, and sampling was several times slower
+   (a new cuDNN graph for each new sequence length): results/gpu/ has the measurement.
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ import copy
 import torch
 
 from . import host_memory
-from .config import TrainError
+from .cli import TrainError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OPTIMIZERS = ("adamw", "adafactor", "adamw8bit")

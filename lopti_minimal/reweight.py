@@ -30,8 +30,9 @@ def reweight_advantages(token_advantages: torch.Tensor, old_logprobs: torch.Tens
                         alpha: float = 0.3) -> torch.Tensor:
     """Paper Eq. 4: A_hat = (alpha * pi_old + 1 - alpha) * A, applied to both signs.
 
-    token_advantages: [B, R] (0 on padding, which stays 0); old_logprobs: [B, R] at the
-    sampling temperature, as recorded by the sampler.
+    token_advantages: [B, R] (0 on padding, which stays 0); old_logprobs: [B, R], log pi_old
+    at the sampling temperature (by default recomputed by a teacher-forced forward,
+    trainer.make_batch; else as the sampler recorded it).
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError("alpha must lie in [0, 1]")

@@ -1,6 +1,6 @@
 """Run directories: what a run writes, how it is written, and how it is read back.
 
-    RUN_DIR/run.json          marker + full config (what --resume reads back)
+    RUN_DIR/run.json          marker + full config (what --resume reads back: config_from_json)
     RUN_DIR/metrics.jsonl     one JSON object per RL step
     RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
     RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt (read_state)
@@ -24,6 +24,7 @@ Design choices:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -36,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .config import TrainConfig
 from .lora import adapter_state, is_lora, merged_copy
 from .paths import work_root
 
@@ -62,6 +64,38 @@ def saved_config(path) -> dict | None:
         return saved["config"] if saved.get("kind") == RUN_MARKER else None
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return None
+
+
+def config_to_json(cfg: TrainConfig) -> dict:
+    """run.json's "config" (and a checkpoint's): the TrainConfig as plain JSON."""
+    d = dataclasses.asdict(cfg)
+    d["eval_max_new_tokens"] = {str(k): v for k, v in cfg.eval_max_new_tokens.items()}
+    return d
+
+
+# How `config_from_json` reads a config saved by an older version (an archived run.json, a
+# checkpoint's trainer_state.pt): a field the file lacks takes the value the code had before
+# the field existed, which is its default unless listed below; a key that is no longer a
+# field is dropped (a removed field).
+MISSING_DEFAULTS = {
+    # Runs saved before the clamp was an option ran with current verl's 20 (grpo.kl_k3).
+    "kl_log_ratio_clamp": 20.0,
+    # Runs saved before the decoder was an option sampled with transformers' forward.
+    "decoder": "hf",
+}
+_TUPLE_FIELDS = ("rl_sizes", "eval_sizes", "adam_betas", "heldout_steps")
+
+
+def config_from_json(d: dict) -> TrainConfig:
+    """The TrainConfig of a saved config (`config_to_json`), old ones too (MISSING_DEFAULTS)."""
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    d = {**MISSING_DEFAULTS, **{k: v for k, v in d.items() if k in names}}
+    if "eval_max_new_tokens" in d:
+        d["eval_max_new_tokens"] = {int(k): v for k, v in d["eval_max_new_tokens"].items()}
+    for k in _TUPLE_FIELDS:
+        if k in d:
+            d[k] = tuple(d[k])
+    return TrainConfig(**d)
 
 
 def machine_info() -> dict:

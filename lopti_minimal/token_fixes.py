@@ -39,7 +39,7 @@ Design choices:
    from pi_theta, `GRPOTrainer._compute_loss`) and verl (`compute_policy_loss_clip_cov` /
    `_kl_cov`, log pi_theta) compute in the first optimizer step when it has one
    micro-batch. Both recompute per micro-batch from pi_theta instead, so with several
-   micro-batches or optimizer steps the selections differ (TRL_DIFFERENCES in trl_grpo.py);
+   micro-batches or optimizer steps the selections differ (trl_grpo.NOT_IN_TRL, entropy_top);
    ours do not depend on the micro-batch size, which is a memory knob here (grpo.py).
 3. At rho = 1 -- every token of the first optimizer step on fresh samples -- CISPO's and
    KL-Cov's gradients equal GRPO's exactly (sg(1) A grad log pi; |log rho| has gradient 0
@@ -71,13 +71,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .batch import Rollout
 from .config import TOKEN_FIXES
 from .grpo import batch_logprobs, policy_loss
-from .sampling import Rollout
-
-# The TrainConfig fields these methods read (defaults and help there).
-OPTIONS = ("entropy_top_quantile", "cispo_eps_low", "cispo_eps_high", "clip_cov_ratio",
-           "clip_cov_low", "clip_cov_high", "kl_cov_ratio", "kl_cov_coef")
 
 
 # ---------------------------------------------------------------- per-token quantities
@@ -172,13 +168,45 @@ def kl_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 # --------------------------------------------------------------------------- the hook
+# Each method once: its token selection, made once per batch from pi_old (None: it selects
+# none), and its per-token policy term given the selection's rows of the micro-batch.
+
+
+def _select_entropy_top(model, batch: Rollout, cfg, generator):
+    return high_entropy_mask(batch_entropies(model, batch, cfg), batch.response_mask, cfg.entropy_top_quantile)
+
+
+def _select_clip_cov(model, batch: Rollout, cfg, generator):
+    cov = token_covariance(batch.old_logprobs, batch.advantages, batch.response_mask)
+    return clip_cov_mask(cov, batch.response_mask, cfg.clip_cov_ratio, cfg.clip_cov_low, cfg.clip_cov_high,
+                         generator)
+
+
+def _select_kl_cov(model, batch: Rollout, cfg, generator):
+    cov = token_covariance(batch.old_logprobs, batch.advantages, batch.response_mask)
+    return kl_cov_mask(cov, batch.response_mask, cfg.kl_cov_ratio)
+
+
+def _surrogate_on(c, logp, old_logp, advantages, keep):
+    """grpo.policy_loss on the tokens ``keep`` holds, 0 elsewhere (no gradient)."""
+    loss, stats = policy_loss(logp, old_logp, advantages, c.eps_low, c.eps_high, c.clip_c)
+    return loss * keep, stats
+
+
+TERMS = {   # method: (selection, policy term(cfg, logp, old_logp, advantages, selection))
+    "entropy_top": (_select_entropy_top, _surrogate_on),                  # trains the kept tokens
+    "cispo": (None, lambda c, lp, old, adv, sel: cispo_loss(lp, old, adv, c.cispo_eps_low, c.cispo_eps_high)),
+    "clip_cov": (_select_clip_cov,                                         # the drawn ones detached
+                 lambda c, lp, old, adv, sel: _surrogate_on(c, lp, old, adv, 1.0 - sel)),
+    "kl_cov": (_select_kl_cov, lambda c, lp, old, adv, sel: kl_cov_loss(lp, old, adv, sel, c.kl_cov_coef)),
+}
 
 
 @dataclass
 class TokenFix:
     """The per-token policy term of one method: `grpo_update(..., pg_loss=fix)`.
 
-    cfg   the run's TrainConfig (clip ranges, and the method's knobs, OPTIONS).
+    cfg   the run's TrainConfig (clip ranges, and the method's knobs).
     mask  [B, R] in the rows of the batch it was built on. entropy_top: the kept tokens;
           clip_cov: the detached ones; kl_cov: the penalised ones; cispo: None.
     """
@@ -187,14 +215,8 @@ class TokenFix:
     mask: torch.Tensor | None = None
 
     def __call__(self, logp, old_logp, advantages, rows):
-        c = self.cfg
-        if self.method == "cispo":
-            return cispo_loss(logp, old_logp, advantages, c.cispo_eps_low, c.cispo_eps_high)
-        if self.method == "kl_cov":
-            return kl_cov_loss(logp, old_logp, advantages, self.mask[rows], c.kl_cov_coef)
-        loss, stats = policy_loss(logp, old_logp, advantages, c.eps_low, c.eps_high, c.clip_c)
-        keep = self.mask[rows] if self.method == "entropy_top" else 1.0 - self.mask[rows]
-        return loss * keep, stats
+        selection = None if self.mask is None else self.mask[rows]
+        return TERMS[self.method][1](self.cfg, logp, old_logp, advantages, selection)
 
     def fraction(self, valid: torch.Tensor) -> float | None:
         """Share of the valid tokens the method singles out (kept, detached or penalised)."""
@@ -204,21 +226,13 @@ class TokenFix:
 
 
 def build(method: str, model, batch: Rollout, cfg, generator: torch.Generator | None = None) -> TokenFix:
-    """The hook of `method` for this batch, with the knobs of ``cfg`` (OPTIONS), its
-    selections made from pi_old = batch.old_logprobs and the model as it is now (design
-    choice 2); ``generator``: Clip-Cov's draw."""
+    """The hook of `method` for this batch, with the knobs of ``cfg``, its selection made
+    from pi_old = batch.old_logprobs and the model as it is now (design choice 2);
+    ``generator``: Clip-Cov's draw."""
     if method not in TOKEN_FIXES:
         raise ValueError(f"unknown token fix {method!r}: choose one of {', '.join(TOKEN_FIXES)}")
-    valid = batch.response_mask
-    mask = None
-    if method == "entropy_top":
-        mask = high_entropy_mask(batch_entropies(model, batch, cfg), valid, cfg.entropy_top_quantile)
-    elif method in ("clip_cov", "kl_cov"):
-        cov = token_covariance(batch.old_logprobs, batch.advantages, valid)
-        mask = (clip_cov_mask(cov, valid, cfg.clip_cov_ratio, cfg.clip_cov_low, cfg.clip_cov_high,
-                              generator)
-                if method == "clip_cov" else kl_cov_mask(cov, valid, cfg.kl_cov_ratio))
-    return TokenFix(method, cfg, mask)
+    select = TERMS[method][0]
+    return TokenFix(method, cfg, None if select is None else select(model, batch, cfg, generator))
 
 
 def selection_generator(seed: int, step: int) -> torch.Generator:

@@ -1,13 +1,15 @@
 """The RL step and the loop: GRPO, AR and Lopti (Yang et al. 2025, arXiv 2505.12929).
 
-`rl_step` reads as the paper: sample G responses per prompt from pi_old, score them with
-the rule-based reward, compute the advantages, reweight them (AR, Eq. 4), and update the
-policy (Lopti's two stages, Algorithm 1, or one GRPO update, Eq. 1). One typed batch
-(sampling.Rollout) carries the step's data from the sampler to the update; each quantity is
-computed once and added to it. `train` is the loop around it. What it takes to run them
-(seeds, data, the run directory, resume, checkpoints, logs, evaluation hooks, the step's
-metrics) is in plumbing.py, which a reader of the method can skip; precision.py holds the
-numerics (bf16 autocast on float32 master weights, the optimizer).
+`rl_step` reads as the paper, in two seams: `make_batch` samples G responses per prompt from
+pi_old, scores them with the rule-based reward, computes the advantages, pi_old and pi_ref,
+and reweights the advantages (AR, Eq. 4); `update` updates the policy (Lopti's two stages,
+Algorithm 1, or one GRPO update, Eq. 1, with a later method's per-token policy term where the
+method is one). One typed batch (batch.Rollout) carries the step's data from the sampler to
+the update; each quantity is computed once and added to it. `train` is the loop around it.
+What it takes to run them (seeds, data, the run directory, resume, checkpoints, logs,
+evaluation hooks, the step's metrics) is in plumbing.py, which a reader of the method can
+skip; precision.py holds the numerics (bf16 autocast on float32 master weights, the
+optimizer).
 
 Design choices (in full: docs/ARCHITECTURE.md):
 
@@ -17,43 +19,44 @@ Design choices (in full: docs/ARCHITECTURE.md):
    (token_fixes.py) plug into the same update.
 2. The lines marked "paper" are the method; the few marked "plumbing" are what running it
    needs (the length order of the rows, the mechanism's measurements, the metrics).
+3. The benchmarks (benchmarks/rl_step.py) and the diagnostics (experiments/diagnostics.py)
+   call `make_batch`, `reweight` and `update`, so what they measure is this step.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import NamedTuple
 
 import torch
 
 from . import mechanism, plumbing, precision, token_fixes
-from .config import TOKEN_FIXES, TrainConfig, TrainError
+from .batch import Rollout, concat_rollouts, decode_responses
+from .config import TrainConfig, TrainError
 from .grpo import (batch_logprobs, grpo_update, group_advantages, reinforce_pp_advantages,
                    sort_by_length, token_advantages)
-from .lopti import lopti_update, split_by_probability, split_generator
+from .lopti import lopti_update, split_generator
 from .lora import add_lora
 from .models import encode_prompts
 from .reweight import reweight_advantages
-from .sampling import Rollout, concat_rollouts, decode_responses, sample_groups
+from .sampling import sample_groups
 from .task.reward import score_response
 
 
-def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, generator, *,
-            group_size: int | None = None, max_new_tokens: int | None = None,
-            greedy: bool = False) -> Rollout:
+def rollout(model, tokenizer, prompt_ids: list[list[int]], cfg: TrainConfig, generator) -> Rollout:
     """sample_groups over the prompts under the run's autocast, in chunks of
     cfg.rollout_chunk prompts. Records log pi_old only where the trainer does not recompute
     it (cfg.recompute_old_logprobs), so it is computed once either way."""
-    G = group_size or cfg.group_size
     chunk = cfg.rollout_chunk or len(prompt_ids)
     device = next(model.parameters()).device
     parts = []
     with precision.autocast(cfg, device):
         for s in range(0, len(prompt_ids), chunk):
             parts.append(sample_groups(
-                model, prompt_ids[s:s + chunk], G, max_new_tokens or cfg.max_new_tokens,
+                model, prompt_ids[s:s + chunk], cfg.group_size, cfg.max_new_tokens,
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                generator=generator, greedy=greedy, logprobs=not cfg.recompute_old_logprobs,
+                generator=generator, logprobs=not cfg.recompute_old_logprobs,
                 decoder=cfg.decoder))
             precision.free_memory(device)   # this chunk's KV cache (the last one's before the update)
     return concat_rollouts(parts, tokenizer.pad_token_id)
@@ -64,17 +67,25 @@ def default_reward(text: str, record: dict) -> float:
     return score_response(text, record).total
 
 
-def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: list[list[int]],
-            cfg: TrainConfig, step: int, reward_fn=None) -> dict:
-    """One RL step on the given prompts (``ref``: the frozen pi_ref, None without a KL
-    term). Returns the step's metrics (a flat dict, plumbing.step_metrics)."""
+class StepBatch(NamedTuple):
+    """What `make_batch` returns: the update's batch, and what the step logs of its samples."""
+    batch: Rollout            # rows sorted by length; pi_old, advantages (after AR), pi_ref
+    rewards: torch.Tensor     # [B], group-major (the sampler's row order)
+    texts: list[str]          # the responses, group-major
+    sample_s: float           # seconds spent sampling
+
+
+def make_batch(model, ref, tokenizer, records: list[dict], prompt_ids: list[list[int]],
+               cfg: TrainConfig, step: int, reward_fn=None) -> StepBatch:
+    """Everything the update trains on, for one step on these prompts (``ref``: the frozen
+    pi_ref, None without a KL term; ``reward_fn(text, record)``: the Logic-RL total by
+    default)."""
     reward_fn = reward_fn or default_reward
     device = next(model.parameters()).device
-    t0 = time.perf_counter()
-
     # --- paper: sample G responses per prompt from pi_old (GRPO), group-major ---
+    t0 = time.perf_counter()
     batch = rollout(model, tokenizer, prompt_ids, cfg, plumbing.step_generator(cfg.seed, step, device))
-    t_sample = time.perf_counter() - t0
+    sample_s = time.perf_counter() - t0
 
     # --- paper: the rule-based reward of every response (Logic-RL, task/reward.py) ---
     texts = decode_responses(tokenizer, batch)
@@ -102,40 +113,58 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
         # --- paper: log pi_ref for the KL term of Eq. 1, once for the step (both Lopti stages) ---
         if cfg.kl_coef:
             batch = dataclasses.replace(batch, ref_logprobs=batch_logprobs(ref, batch, cfg))
-        # --- paper: AR, Eq. 4: A_hat = (alpha * pi_old + 1 - alpha) * A, before any split ---
-        if cfg.uses_ar:
-            batch = dataclasses.replace(batch, advantages=reweight_advantages(
-                batch.advantages, batch.old_logprobs, cfg.alpha))
-        # --- beyond the paper: a later method's per-token policy term (token_fixes.py), its
-        #     token selections made here, once, from pi_old ---
-        fix = (token_fixes.build(cfg.method, model, batch, cfg, token_fixes.selection_generator(cfg.seed, step))
-               if cfg.method in TOKEN_FIXES else None)
-        # plumbing: the mechanism before the update (mechanism.py)
-        probe = mechanism.Probe(cfg, step)
-        probe.before(model, batch, fix)
+    return StepBatch(reweight(batch, cfg), rewards, texts, sample_s)
 
-        # --- paper: the update. Lopti, Algorithm 1 (split at pi_old < eta; update the
-        #     low-probability tokens, then the high ones), or one GRPO update (Eq. 1). The
-        #     random split (a control, lopti.py) draws from its own generator ---
+
+def reweight(batch: Rollout, cfg: TrainConfig) -> Rollout:
+    """--- paper: AR, Eq. 4: A_hat = (alpha * pi_old + 1 - alpha) * A, before any split; the
+    batch as it is for a method without AR."""
+    if not cfg.uses_ar:
+        return batch
+    return dataclasses.replace(batch, advantages=reweight_advantages(batch.advantages, batch.old_logprobs,
+                                                                     cfg.alpha))
+
+
+def policy_term(model, batch: Rollout, cfg: TrainConfig, step: int):
+    """--- beyond the paper: a later method's per-token policy term (token_fixes.py), its
+    token selections made here, once, from pi_old; None for the paper's methods."""
+    if not cfg.uses_token_fix:
+        return None
+    return token_fixes.build(cfg.method, model, batch, cfg, token_fixes.selection_generator(cfg.seed, step))
+
+
+def update(model, optimizer, batch: Rollout, cfg: TrainConfig, step: int, fix=None) -> tuple[dict, ...]:
+    """--- paper: the update. Lopti, Algorithm 1 (split at pi_old < eta; update the
+    low-probability tokens, then the high ones), or one GRPO update (Eq. 1) with ``fix``
+    (`policy_term`) as its policy term. The random split (a control, lopti.py) draws from its
+    own generator. Returns grpo_update's metrics of each stage, in the order they ran."""
+    if cfg.uses_lopti:
+        m = lopti_update(model, optimizer, batch, cfg, eta=cfg.eta, order=cfg.lopti_order,
+                         split=cfg.lopti_split, generator=split_generator(cfg.seed, step))
+        return m["stage1"], m["stage2"]
+    return (grpo_update(model, optimizer, batch, cfg, pg_loss=fix),)
+
+
+def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: list[list[int]],
+            cfg: TrainConfig, step: int, reward_fn=None) -> dict:
+    """One RL step on the given prompts (``ref``: the frozen pi_ref, None without a KL
+    term). Returns the step's metrics (a flat dict, plumbing.step_metrics)."""
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    # --- paper: the batch: samples, rewards, advantages, pi_old, pi_ref, AR ---
+    sb = make_batch(model, ref, tokenizer, records, prompt_ids, cfg, step, reward_fn)
+    with precision.autocast(cfg, device):
+        fix = policy_term(model, sb.batch, cfg, step)
+        probe = mechanism.Probe(cfg, step)      # plumbing: the mechanism before the update
+        probe.before(model, sb.batch, fix)
+        # --- paper: the update ---
         t1 = time.perf_counter()
-        if cfg.uses_lopti:
-            m = lopti_update(model, optimizer, batch, cfg, eta=cfg.eta, order=cfg.lopti_order,
-                             split=cfg.lopti_split, generator=split_generator(cfg.seed, step)
-                             if cfg.lopti_split == "random" else None)
-            stages, low = (m["stage1"], m["stage2"]), m["low_fraction"]
-        else:
-            stages = (grpo_update(model, optimizer, batch, cfg, pg_loss=fix),)
-            mask = batch.response_mask
-            low = float(split_by_probability(batch.old_logprobs, mask, cfg.low_eta)[0].sum()
-                        / mask.sum().clamp_min(1))
+        stages = update(model, optimizer, sb.batch, cfg, step, fix)
         t_update = time.perf_counter() - t1
         precision.free_memory(device)    # plumbing: the update's freed blocks, before what follows
-
-        # plumbing: the mechanism after the update: which tokens rose / fell, per bin
-        probe.after(model, batch)
-
-    seconds = {"sample": t_sample, "update": t_update, "step": time.perf_counter() - t0}
-    return plumbing.step_metrics(cfg, step, rewards, texts, batch, stages, low, probe, fix, seconds)
+        probe.after(model, sb.batch)     # plumbing: which tokens rose / fell, per bin
+    seconds = {"sample": sb.sample_s, "update": t_update, "step": time.perf_counter() - t0}
+    return plumbing.step_metrics(cfg, step, sb, stages, probe, fix, seconds)
 
 
 def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> dict:

@@ -24,7 +24,9 @@ Design choices, in order of importance:
    `use_bias_correction_kl` (k3 * rho_t) is turned off.
 7. What TRL cannot express (small): KL and log-ratio clamps, the normalizer with several
    optimizer steps per stage, an empty Lopti stage's step, position ids of padded prompts.
-8. One table, `trl_grpo_args(cfg)` with `TRL_MAPPING` and `NOT_IN_TRL`.
+8. One table, `trl_grpo_args(cfg)` with `TRL_MAPPING` and `NOT_IN_TRL`; the trainer is
+   configured by the same TrainConfig (``LoptiGRPOTrainer(..., cfg=cfg)``: its method,
+   alpha, eta and Lopti order), and checks that its TRL args were made from it.
 9. Beyond the paper (token_fixes.py): TRL has two of the later methods, and the mapping
    uses them: entropy_top = `top_entropy_quantile`, cispo = `loss_type="cispo"` with
    `epsilon_high` = 1 + cispo_eps_high (TRL clips the weight at epsilon_high itself, with
@@ -38,14 +40,24 @@ from trl.trainer.grpo_trainer import disable_gradient_checkpointing
 from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 
-from .config import LOPTI_ORDERS, METHODS, TrainConfig, paper_settings, uses_ar, uses_lopti
+from .config import PAPER_METHODS, TrainConfig
 from .grpo import group_advantages, token_advantages
 from .lopti import split_by_probability
 from .reweight import reweight_advantages
 
 # ------------------------------------------------------------------------------ mapping
 
-TRL_METHODS = tuple(m for m in METHODS if m not in ("clip_cov", "kl_cov"))     # not in TRL 1.16
+
+def _cispo_args(cfg: TrainConfig) -> dict:
+    if cfg.cispo_eps_low < 1.0:
+        raise ValueError("TRL's cispo has no lower bound on the IS weight: cispo_eps_low must be 1")
+    return dict(loss_type="cispo", epsilon_high=1.0 + cfg.cispo_eps_high)
+
+
+# The later methods TRL 1.16 has, as its arguments (design choice 9); Clip-Cov and KL-Cov it has not.
+TRL_TOKEN_FIXES = {"entropy_top": lambda cfg: dict(top_entropy_quantile=cfg.entropy_top_quantile),
+                   "cispo": _cispo_args}
+TRL_METHODS = PAPER_METHODS + tuple(TRL_TOKEN_FIXES)
 
 # (our TrainConfig field, TRL GRPOConfig argument, the rule). `trl_grpo_args` implements it.
 TRL_MAPPING = (
@@ -80,9 +92,9 @@ TRL_MAPPING = (
 
 # Our settings with no TRL argument, and what the subclass does about each.
 NOT_IN_TRL = {
-    "alpha": "AR strength (Eq. 4): LoptiGRPOTrainer(alpha=...)",
-    "eta": "Lopti threshold (Algorithm 1): LoptiGRPOTrainer(eta=...)",
-    "lopti_order": "LoptiGRPOTrainer(lopti_order=...)",
+    "alpha": "AR strength (Eq. 4): LoptiGRPOTrainer(cfg=...) reads cfg.alpha",
+    "eta": "Lopti threshold (Algorithm 1): LoptiGRPOTrainer(cfg=...) reads cfg.eta",
+    "lopti_order": "LoptiGRPOTrainer(cfg=...) reads cfg.lopti_order",
     "lopti_split='random'": "not mapped (a control of the study, not the method): refused",
     "recompute_old_logprobs": "always on in the subclass (pi_old by a teacher-forced forward)",
     "adv_eps = 1e-6, equal groups -> 0": "LoptiGRPOTrainer(paper_advantages=True)",
@@ -114,31 +126,7 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
     `overrides` win (e.g. max_steps, logging, report_to). Raises ValueError where a
     setting has no exact TRL equivalent that matters for the method (see NOT_IN_TRL).
     """
-    if cfg.estimator != "grpo":
-        raise ValueError("only the GRPO advantage estimator is mapped onto TRL")
-    if cfg.method not in TRL_METHODS:
-        raise ValueError(f"method {cfg.method!r} is not in TRL 1.16 (NOT_IN_TRL)")
-    if cfg.method == "cispo" and cfg.cispo_eps_low < 1.0:
-        raise ValueError("TRL's cispo has no lower bound on the IS weight: cispo_eps_low must be 1")
-    if cfg.grad_accum != "global" or cfg.loss_agg_mode != "token-mean":
-        raise ValueError("only grad_accum='global' with the token-mean (TRL loss_type='dapo') is "
-                         "mapped onto TRL")
-    if cfg.uses_lopti and cfg.ppo_epochs != 1:
-        raise ValueError("Lopti on TRL uses num_iterations=2 for its two stages: ppo_epochs must be 1")
-    if cfg.uses_lopti and cfg.lopti_split != "probability":
-        raise ValueError("only Lopti's probability split (Algorithm 1) is mapped onto TRL")
-    if not cfg.clip_c > 1.0 + cfg.eps_high:
-        raise ValueError("TRL's delta equals the dual clip only if clip_c > 1 + eps_high")
-    n_rows = cfg.prompts_per_step * cfg.group_size
-    mini = min(cfg.mini_batch_size, n_rows)
-    if n_rows % mini or mini % num_processes:
-        raise ValueError(f"P x G = {n_rows} must be a multiple of the mini-batch {mini}, itself a "
-                         f"multiple of the {num_processes} processes")
-    rows, mini = n_rows // num_processes, mini // num_processes       # per process
-    micro = min(cfg.micro_batch_size, mini)
-    if mini % micro:
-        raise ValueError(f"the per-process mini-batch {mini} must be a multiple of the micro-batch "
-                         f"{micro} (TRL splits whole per-device batches)")
+    _check_mappable(cfg)
     args = dict(
         output_dir=output_dir,
         # sampling
@@ -151,26 +139,61 @@ def trl_grpo_args(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **o
         optim="adamw_torch",
         max_grad_norm=cfg.grad_clip,
         # the objective (paper Eq. 1 with the reference's settings)
-        epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, delta=cfg.clip_c, beta=cfg.kl_coef,
-        loss_type="dapo", scale_rewards="group", importance_sampling_level="token",
-        # the later methods TRL has (choice 9); "cispo" normalises like "dapo"
-        top_entropy_quantile=cfg.entropy_top_quantile if cfg.method == "entropy_top" else 1.0,
+        epsilon=cfg.eps_low, delta=cfg.clip_c, beta=cfg.kl_coef,
+        scale_rewards="group", importance_sampling_level="token",
         use_bias_correction_kl=False,       # TRL 1.16 defaults to True: k3 * rho (choice 6b)
         multi_objective_aggregation="sum_then_normalize",
-        # batching: one optimizer step per mini-batch, per pass
-        per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,
-        steps_per_generation=rows // micro,
-        num_iterations=2 if cfg.uses_lopti else cfg.ppo_epochs,
+        **method_args(cfg), **_batch_args(cfg, num_processes),
         # numerics, hardware
         bf16=bool(cfg.autocast_bf16), fp16=False,
         gradient_checkpointing=bool(cfg.gradient_checkpointing), seed=cfg.seed,
         use_cpu=(cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())),
         model_init_kwargs={"dtype": "float32"},
     )
-    if cfg.method == "cispo":
-        args.update(loss_type="cispo", epsilon_high=1.0 + cfg.cispo_eps_high)
     args.update(overrides)
     return args
+
+
+def method_args(cfg: TrainConfig) -> dict:
+    """The TRL arguments that depend on the method: Lopti's two passes (choice 3), the loss
+    and the clip, and the later methods TRL has (choice 9; "cispo" normalises like "dapo")."""
+    args = dict(loss_type="dapo", epsilon_high=cfg.eps_high, top_entropy_quantile=1.0,
+                num_iterations=2 if cfg.uses_lopti else cfg.ppo_epochs)
+    return {**args, **(TRL_TOKEN_FIXES[cfg.method](cfg) if cfg.method in TRL_TOKEN_FIXES else {})}
+
+
+def _check_mappable(cfg: TrainConfig) -> None:
+    """ValueError for a setting TRL cannot run as we do (NOT_IN_TRL)."""
+    if cfg.estimator != "grpo":
+        raise ValueError("only the GRPO advantage estimator is mapped onto TRL")
+    if cfg.method not in TRL_METHODS:
+        raise ValueError(f"method {cfg.method!r} is not in TRL 1.16 (NOT_IN_TRL)")
+    if cfg.grad_accum != "global" or cfg.loss_agg_mode != "token-mean":
+        raise ValueError("only grad_accum='global' with the token-mean (TRL loss_type='dapo') is "
+                         "mapped onto TRL")
+    if cfg.uses_lopti and cfg.ppo_epochs != 1:
+        raise ValueError("Lopti on TRL uses num_iterations=2 for its two stages: ppo_epochs must be 1")
+    if cfg.uses_lopti and cfg.lopti_split != "probability":
+        raise ValueError("only Lopti's probability split (Algorithm 1) is mapped onto TRL")
+    if not cfg.clip_c > 1.0 + cfg.eps_high:
+        raise ValueError("TRL's delta equals the dual clip only if clip_c > 1 + eps_high")
+
+
+def _batch_args(cfg: TrainConfig, num_processes: int) -> dict:
+    """TRL's per-device batching for our global sizes: one optimizer step per mini-batch,
+    per pass."""
+    n_rows = cfg.prompts_per_step * cfg.group_size
+    mini = min(cfg.mini_batch_size, n_rows)
+    if n_rows % mini or mini % num_processes:
+        raise ValueError(f"P x G = {n_rows} must be a multiple of the mini-batch {mini}, itself a "
+                         f"multiple of the {num_processes} processes")
+    rows, mini = n_rows // num_processes, mini // num_processes       # per process
+    micro = min(cfg.micro_batch_size, mini)
+    if mini % micro:
+        raise ValueError(f"the per-process mini-batch {mini} must be a multiple of the micro-batch "
+                         f"{micro} (TRL splits whole per-device batches)")
+    return dict(per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,
+                steps_per_generation=rows // micro)
 
 
 def make_trl_config(cfg: TrainConfig, output_dir: str, num_processes: int = 1, **overrides) -> TRLGRPOConfig:
@@ -184,48 +207,31 @@ def make_trl_config(cfg: TrainConfig, output_dir: str, num_processes: int = 1, *
 class LoptiGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with Advantage Reweighting (Eq. 4) and Lopti (Algorithm 1).
 
-    method       "grpo" | "ar" | "lopti" | "ar_lopti" | "entropy_top" | "cispo" (the last two
-                 must agree with args: make_trl_config sets them). alpha / eta default to the paper's
-                 K&K setting of the method (`config.paper_settings`: AR alone alpha 0.2,
-                 Lopti alone eta 0.4, AR+Lopti alpha 0.3, eta 0.5); None where the method
-                 does not use them.
-    lopti_order  "low_first" (Algorithm 1) | "high_first" (the paper's reversed ablation).
+    cfg          our TrainConfig: its method, alpha, eta (None where the method does not use
+                 them) and Lopti order; build ``args`` from it with `make_trl_config(cfg, ...)`.
     paper_advantages  recompute A = (r - mean) / (std + 1e-6), equal groups 0 (choice 5).
 
-    Every other argument is GRPOTrainer's; build `args` with `make_trl_config(cfg, ...)`.
-    Lopti needs args.num_iterations == 2 and loss_type "dapo" (the all-token
-    denominator); other methods need no particular num_iterations.
+    Every other argument is GRPOTrainer's.
     """
 
-    def __init__(self, *args, method: str = "ar_lopti", alpha: float | None = None,
-                 eta: float | None = None, lopti_order: str = "low_first",
-                 paper_advantages: bool = True, **kwargs):
-        if method not in TRL_METHODS:
-            raise ValueError(f"unknown method {method!r} for TRL: choose one of {', '.join(TRL_METHODS)}")
-        if lopti_order not in LOPTI_ORDERS:
-            raise ValueError(f"lopti_order must be low_first or high_first, got {lopti_order!r}")
-        paper = paper_settings(method)
-        self.method = method
-        self.uses_ar, self.uses_lopti = uses_ar(method), uses_lopti(method)
-        self.alpha = (paper["alpha"] if alpha is None else float(alpha)) if self.uses_ar else None
-        self.eta = (paper["eta"] if eta is None else float(eta)) if self.uses_lopti else None
-        self.lopti_order = lopti_order
+    def __init__(self, *args, cfg: TrainConfig, paper_advantages: bool = True, **kwargs):
+        if cfg.method not in TRL_METHODS:
+            raise ValueError(f"method {cfg.method!r} is not in TRL 1.16: choose one of {', '.join(TRL_METHODS)}")
+        self.cfg = cfg
+        self.uses_ar, self.uses_lopti = cfg.uses_ar, cfg.uses_lopti
+        self.alpha, self.eta, self.lopti_order = cfg.alpha, cfg.eta, cfg.lopti_order
         self.paper_advantages = paper_advantages
         self._last_rewards_per_func = None
         super().__init__(*args, **kwargs)
         a = self.args
-        if self.uses_lopti and (a.num_iterations != 2 or a.loss_type != "dapo"):
-            raise ValueError("Lopti needs num_iterations=2 (one pass per stage) and loss_type='dapo' "
-                             "(token-mean whose denominator counts every token)")
+        wrong = {k: getattr(a, k) for k, v in method_args(cfg).items() if getattr(a, k) != v}
+        if wrong:
+            raise ValueError(f"args {wrong} do not match method {cfg.method!r}: build them with "
+                             "make_trl_config(cfg, ...)")
         if paper_advantages and (a.scale_rewards != "group"
                                  or a.multi_objective_aggregation != "sum_then_normalize"):
             raise ValueError("paper_advantages needs scale_rewards='group' and "
                              "multi_objective_aggregation='sum_then_normalize'")
-        if (method == "cispo") != (a.loss_type == "cispo") or \
-                (method == "entropy_top") != (a.top_entropy_quantile < 1.0):
-            raise ValueError(f"method {method!r} does not match the args (loss_type "
-                             f"{a.loss_type!r}, top_entropy_quantile {a.top_entropy_quantile}): "
-                             "build them with make_trl_config")
         if a.loss_type != "cispo" and a.delta is not None and not a.delta > 1.0 + self.epsilon_high:
             raise ValueError("delta must exceed 1 + epsilon_high to act as the dual clip")
         if self.use_vllm:

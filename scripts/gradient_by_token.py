@@ -113,7 +113,7 @@ def replay(run_dir: str, step: int, work: str, threads: int | None = None, rewar
     shares the replay measured and those the run logged."""
     import torch
     from lopti_minimal import trainer
-    from lopti_minimal.config import config_from_json
+    from lopti_minimal.runs import config_from_json
     from lopti_minimal.models import load_model_and_tokenizer
     cfg = config_from_json(json.load(open(os.path.join(run_dir, "run.json")))["config"])
     cfg = dataclasses.replace(cfg, run_dir=os.path.join(work, "replay"), steps=step, eval_every=0,

@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     from datasets import Dataset
 
     from lopti_minimal import models, plumbing
-    from lopti_minimal.config import config_to_json, make_config
+    from lopti_minimal.config import make_config
+    from lopti_minimal.runs import config_to_json
     from lopti_minimal.runs import RUNS_ROOT
     from lopti_minimal.models import kk_prompt
     from lopti_minimal.task.reward import score_response
@@ -117,8 +118,7 @@ def main(argv=None) -> int:
         report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=use_cpu,
         dataloader_num_workers=0, log_completions=False)
     trainer = LoptiGRPOTrainer(model=path, reward_funcs=kk_reward, args=targs, train_dataset=dataset,
-                               processing_class=tok, method=cfg.method, alpha=cfg.alpha, eta=cfg.eta,
-                               lopti_order=cfg.lopti_order)
+                               processing_class=tok, cfg=cfg)
     print(f"{cfg.method} (alpha {trainer.alpha}, eta {trainer.eta}, {cfg.lopti_order}) on {cfg.model}: "
           f"{cfg.steps} steps x {cfg.prompts_per_step} prompts x G={cfg.group_size}, "
           f"<= {cfg.max_new_tokens} new tokens, lr {cfg.lr}, {len(dataset)} prompts; out {out}")

@@ -1,8 +1,9 @@
-"""The lean decode loop (decode.py): its logits equal transformers' forward (float32, left
+"""The lean decode step (decode.py): its logits equal transformers' forward (float32, left
 padding, GQA, biases, Qwen2), under bf16 autocast it is transformers' rollout (the same
 tokens, log-probs to bf16 rounding) once transformers' attention is swapped in, its
 samples keep the properties sample_groups promises, and models it does not serve fall
-back to transformers' forward."""
+back to transformers' forward. The sampling loop looks whether rows are done every 2 tokens
+here (`check_every_2`), so that rows stop and are compacted away in short rollouts."""
 import gc
 import weakref
 
@@ -12,10 +13,16 @@ import torch.nn.functional as F
 
 from conftest import BOS, EOS, PAD, ROOT
 from conftest import tiny_llama as _tiny_llama
-from lopti_minimal import decode
-from lopti_minimal.sampling import _cache_kwarg, left_pad, position_ids_from_mask, sample_groups
+from lopti_minimal import decode, sampling
+from lopti_minimal.batch import left_pad, position_ids_from_mask
+from lopti_minimal.sampling import sample_groups
 
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]   # unequal: left padding
+
+
+@pytest.fixture(autouse=True)
+def check_every_2(monkeypatch):
+    monkeypatch.setattr(sampling, "CHECK_EVERY", 2)
 
 
 def tiny_llama(seed=0, init=0.4):
@@ -59,7 +66,7 @@ def lean_logits(model, prompt_ids, response, group_size=1, autocast_dtype=None):
     with torch.no_grad():
         dec = decode.LeanDecoder(model, B, P + R, autocast_dtype)
         pos = position_ids_from_mask(mask)
-        out = [dec.prefill(ids, mask, pos, _cache_kwarg(model), group_size)]
+        out = [dec.prefill(ids, mask, pos, group_size)]
         nxt = pos[:, -1] + 1
         with torch.autocast("cpu", enabled=False):
             for t in range(R - 1):
@@ -109,7 +116,7 @@ def swap_in_transformers_attention(monkeypatch):
 
 def _rollout(model, prompts, decoder, seed=3, **kw):
     args = dict(group_size=4, max_new_tokens=24, temperature=0.7, eos_token_id=EOS,
-                pad_token_id=PAD, generator=torch.Generator().manual_seed(seed), check_every=2)
+                pad_token_id=PAD, generator=torch.Generator().manual_seed(seed))
     args.update(kw)
     return sample_groups(model, prompts, decoder=decoder, **args)
 
@@ -260,7 +267,8 @@ def test_decoder_option():
     """auto is lean on a CPU and hf elsewhere; a wrong name is an error in sample_groups and
     in TrainConfig (the trainer passes cfg.decoder, train.py --decoder sets it); a run saved
     before the option existed reads back as hf, the decoder it sampled with."""
-    from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
+    from lopti_minimal.config import TrainError, make_config
+    from lopti_minimal.runs import config_from_json, config_to_json
     cpu = torch.device("cpu")
     assert decode.resolve("auto", cpu) == "lean" and decode.resolve("hf", cpu) == "hf"
     assert decode.resolve("auto", torch.device("cuda")) == "hf"
@@ -289,7 +297,7 @@ def test_trainer_rollout_uses_the_config_decoder(monkeypatch):
     class Tok:
         eos_token_id, pad_token_id = EOS, PAD
     ro = trainer.rollout(tiny_llama(), Tok(), PROMPTS, cfg, torch.Generator().manual_seed(3))
-    ref = _rollout(tiny_llama(), PROMPTS, "hf", check_every=4)
+    ref = _rollout(tiny_llama(), PROMPTS, "hf")
     assert seen[0] == "hf"
     for name in ROLLOUT_FIELDS:
         assert torch.equal(getattr(ro, name), getattr(ref, name)), name
@@ -356,7 +364,7 @@ def test_compaction_moves_kept_rows_to_smaller_buffers(group_size):
     def run(compact_to=None):
         with torch.no_grad():
             dec = decode.LeanDecoder(model, B, P + 4, None)
-            dec.prefill(ids, mask, pos, _cache_kwarg(model), group_size)
+            dec.prefill(ids, mask, pos, group_size)
             dec.step(steps[:, 0], pos[:, -1] + 1)
             rows = torch.arange(B)
             if compact_to is not None:

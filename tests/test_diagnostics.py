@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lopti_minimal.batch import Rollout
 from lopti_minimal.config import PAPER_METHODS
 from lopti_minimal.experiments import diagnostics as D
-from lopti_minimal.sampling import Rollout
 
 
 class Bigram(torch.nn.Module):
@@ -44,7 +44,7 @@ class Bigram(torch.nn.Module):
         return SimpleNamespace(logits=self.lm_head(h))
 
 
-def make_rollout(prompts, responses, group_size):
+def make_rollout(prompts, responses):
     """A Rollout from explicit prompt/response token lists (response lists may differ in
     length: right-padded with 0 and masked)."""
     P = len(prompts[0])
@@ -59,8 +59,7 @@ def make_rollout(prompts, responses, group_size):
         attn[b, :P + len(r)] = 1
         rmask[b, :len(r)] = 1
     return Rollout(input_ids=ids, attention_mask=attn, response_ids=ids[:, P:],
-                   response_mask=rmask, old_logprobs=torch.zeros(B, R), prompt_len=P,
-                   group_size=group_size)
+                   response_mask=rmask, old_logprobs=torch.zeros(B, R), prompt_len=P)
 
 
 def analytic(model, x, y, T):
@@ -109,7 +108,7 @@ def test_shares_means_and_rise_share_by_hand():
 def test_gradient_norms_equal_the_analytic_softmax_head():
     torch.manual_seed(0)
     model = Bigram()
-    ro = make_rollout([[1, 2], [3, 4]], [[5, 0, 3], [2, 2]], group_size=2)
+    ro = make_rollout([[1, 2], [3, 4]], [[5, 0, 3], [2, 2]])
     chosen = [(0, 0), (0, 2), (1, 1)]
     hidden, params = D.gradient_norms(model, ro, 0.7, chosen)
     for b, t in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]:
@@ -146,7 +145,7 @@ def interference_case():
     and both have A > 0; a third response, A < 0, samples token 3 after the context
     token 3 (h = e_3, which touches other weights: to first order it does not interact)."""
     model = interference_model([0.05, 0.1, 0.8, 0.05])
-    ro = make_rollout([[0], [0], [3]], [[1], [2], [3]], group_size=3)
+    ro = make_rollout([[0], [0], [3]], [[1], [2], [3]])
     adv = torch.tensor([[1.0], [1.0], [-1.0]])
     return model, ro, adv
 

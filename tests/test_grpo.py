@@ -8,11 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from lopti_minimal.batch import position_ids_from_mask
 from lopti_minimal.config import TrainConfig
 from lopti_minimal.grpo import (agg_loss, group_advantages, grpo_update, kl_k3, policy_loss,
                                 sort_by_length, token_logprobs)
 from lopti_minimal.precision import build_optimizer
-from lopti_minimal.sampling import position_ids_from_mask, sample_groups
+from lopti_minimal.sampling import sample_groups
 
 from conftest import (BOS, CUDA_F32_GRAD_RTOL, CUDA_F32_LOGPROB_TOL, DEVICES, EOS, PAD, generator,
                       tiny_llama, update_batch, with_ref)

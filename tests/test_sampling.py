@@ -1,13 +1,16 @@
 """Grouped sampling: greedy equals transformers `generate`,
-sampled log-probs equal a fresh teacher-forced forward, EOS / padding masks, layout.
-The tests where the device matters (the generator, the KV cache, compaction's indexing,
-autocast's device type) run on every device of conftest.DEVICES."""
+sampled log-probs equal a fresh teacher-forced forward, EOS / padding masks, layout, and
+decode.KVCache (transformers' forward, decoder="hf") against transformers' own DynamicCache
+and teacher forcing. The tests where the device matters (the generator, the KV cache,
+compaction's indexing, autocast's device type) run on every device of conftest.DEVICES."""
 import pytest
 import torch
 
 from conftest import BOS, CUDA_F32_LOGPROB_TOL, DEVICES, EOS, PAD, generator
 from conftest import tiny_llama as _tiny_llama
-from lopti_minimal.sampling import position_ids_from_mask, sample_groups
+from lopti_minimal import decode, sampling
+from lopti_minimal.batch import left_pad, position_ids_from_mask
+from lopti_minimal.sampling import sample_groups
 
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 9], [BOS, 10, 11, 12, 13]]   # unequal: left padding
 
@@ -123,7 +126,7 @@ def test_group_major_layout_and_determinism(device):
     model = tiny_llama(device=device)
     r = _sample(model)
     G, P = 4, r.prompt_len
-    assert r.input_ids.shape[0] == len(PROMPTS) * G and r.group_size == G
+    assert r.input_ids.shape[0] == len(PROMPTS) * G
     assert r.input_ids.device == r.old_logprobs.device == model.device
     for g, p in enumerate(PROMPTS):
         rows = r.input_ids[g * G:(g + 1) * G, :P]
@@ -146,49 +149,103 @@ def test_top_k_one_is_greedy():
     assert torch.allclose(a.old_logprobs, b.old_logprobs)
 
 
-def test_static_and_dynamic_cache_agree():
+def plain_cache(monkeypatch):
+    """decoder="hf" on transformers' own DynamicCache instead of decode.KVCache (the cache
+    HFDecoder takes for a model with sliding-window layers)."""
+    monkeypatch.setattr(decode, "full_attention", lambda cfg: False)
+
+
+def test_kv_cache_decodes_as_transformers_dynamic_cache(monkeypatch):
+    """decode.KVCache (preallocated, attention handed the filled prefix) against
+    transformers' DynamicCache: the same tokens and masks, greedy and sampled, with rows
+    stopping early and compacted away, log-probs to float32 rounding; and attention was
+    handed the prompt's P keys, then one more per step, not all P + R."""
     model = tiny_llama()
-    a = _sample(model, decoder="hf")
-    b = _sample(model, static_cache=False)
-    assert torch.equal(a.response_ids, b.response_ids)
-    assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
+    monkeypatch.setattr(sampling, "CHECK_EVERY", 2)
+    seen, update = [], decode._KVLayer.update
+
+    def update_and_record(layer, k, v, *a, **kw):     # how many key positions attention is handed
+        keys, values = update(layer, k, v, *a, **kw)
+        seen.append(keys.shape[-2])
+        return keys, values
+    monkeypatch.setattr(decode._KVLayer, "update", update_and_record)
+    R = 24
+    for greedy in (True, False):
+        a = _sample(model, max_new_tokens=R, greedy=greedy, decoder="hf")
+        with monkeypatch.context() as m:
+            plain_cache(m)
+            b = _sample(model, max_new_tokens=R, greedy=greedy, decoder="hf")
+        lengths = a.response_mask.sum(1)
+        assert lengths.min() < lengths.max()
+        for name in ("response_ids", "response_mask", "attention_mask"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
+    P, n_layers = max(len(p) for p in PROMPTS), model.config.num_hidden_layers
+    assert seen[::n_layers][:3] == [P, P + 1, P + 2]
+
+
+def test_kv_cache_decoding_equals_teacher_forcing():
+    """HFDecoder fed a fixed response token by token (float32), rows dropped half way
+    (keep): every step's logits equal transformers' teacher-forced forward over the whole
+    sequence."""
+    model = tiny_llama()
+    ids, mask = left_pad(PROMPTS, PAD)
+    B, P, R = len(PROMPTS), ids.shape[1], 8
+    response = torch.randint(3, 64, (B, R), generator=torch.Generator().manual_seed(0))
+    full_mask = torch.cat([mask, torch.ones_like(response)], 1)
+    kept = torch.tensor([2, 0])
+    with torch.no_grad():
+        tf = model(input_ids=torch.cat([ids, response], 1), attention_mask=full_mask,
+                   position_ids=position_ids_from_mask(full_mask)).logits[:, P - 1:P + R - 1]
+        dec = decode.HFDecoder(model, P + R, None)
+        pos = position_ids_from_mask(mask)
+        got, rows = [dec.prefill(ids, mask, pos)], torch.arange(B)
+        for t in range(R - 1):
+            if t == R // 2:                      # the loop's compaction
+                rows = kept
+                dec.keep(rows)
+            got.append(dec.step(response[rows, t], pos[rows, -1] + 1 + t))
+    for t, logits in enumerate(got):
+        torch.testing.assert_close(logits, tf[torch.arange(B) if t <= R // 2 else kept, t])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_compaction_of_stopped_rows_changes_nothing_greedy(device):
-    """Dropping stopped rows from the batch and the KV cache (compact=True, the default)
-    gives exactly the rollout of the uncompacted loop, with static and dynamic caches.
-    On CUDA too: greedy tokens are argmaxes, which rounding moves only at a near-tie (none
-    here: the test would fail, deterministically, if one appeared); log-probs to float32
-    rounding."""
+def test_compaction_of_stopped_rows_changes_nothing_greedy(device, monkeypatch):
+    """Dropping stopped rows from the batch and the KV cache (the loop's compaction) gives
+    exactly the rollout of a loop that never drops one, with both decode steps, and the
+    decode steps agree. On CUDA too: greedy tokens are argmaxes, which rounding moves only
+    at a near-tie (none here: the test would fail, deterministically, if one appeared);
+    log-probs to float32 rounding."""
     model = tiny_llama(init=0.1, device=device)
     with torch.no_grad():
         model.lm_head.weight[EOS] = model.lm_head.weight[40] * 1.05
     prompts = PROMPTS + [[BOS, 20 + i, 30 + i] for i in range(5)]
-    for static in (True, False):
-        kw = dict(group_size=1, max_new_tokens=24, eos_token_id=EOS, pad_token_id=PAD,
-                  greedy=True, static_cache=static, check_every=2)
-        a = sample_groups(model, prompts, compact=True, **kw)
-        b = sample_groups(model, prompts, compact=False, **kw)
-        for decoder in ("hf", "lean"):          # and the same with both decode loops
-            c = sample_groups(model, prompts, compact=True, decoder=decoder, **kw)
-            for name in ("input_ids", "attention_mask", "response_ids", "response_mask"):
-                assert torch.equal(getattr(a, name), getattr(c, name)), (decoder, name)
+    kw = dict(group_size=1, max_new_tokens=24, eos_token_id=EOS, pad_token_id=PAD, greedy=True)
+    for decoder in ("hf", "lean"):
+        monkeypatch.setattr(sampling, "CHECK_EVERY", 2)
+        a = sample_groups(model, prompts, decoder=decoder, **kw)
+        monkeypatch.setattr(sampling, "CHECK_EVERY", 10 ** 6)     # never looks: no compaction
+        b = sample_groups(model, prompts, decoder=decoder, **kw)
+        hf = a if decoder == "hf" else hf
         lengths = a.response_mask.sum(1)
         assert lengths.min() < lengths.max()          # rows stopped at different steps
         for name in ("input_ids", "attention_mask", "response_ids", "response_mask"):
-            assert torch.equal(getattr(a, name), getattr(b, name)), name
+            assert torch.equal(getattr(a, name), getattr(b, name)), (decoder, name)
+            assert torch.equal(getattr(a, name), getattr(hf, name)), (decoder, name)
         # compaction changes the batch's shape, so on CUDA the kernels (conftest)
         assert torch.allclose(a.old_logprobs, b.old_logprobs,
                               atol=1e-5 if device == "cpu" else CUDA_F32_LOGPROB_TOL)
 
 
-def test_compacted_sampling_keeps_logprobs_exact():
+def test_compacted_sampling_keeps_logprobs_exact(monkeypatch):
     """Sampled with compaction: every recorded log-prob is still the teacher-forced one."""
+    monkeypatch.setattr(sampling, "CHECK_EVERY", 2)
     model = tiny_llama()
     with torch.no_grad():
         model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
-    r = _sample(model, max_new_tokens=24, check_every=2)
+    r = _sample(model, max_new_tokens=24)
     lengths = r.response_mask.sum(1)
     assert lengths.min() < lengths.max()
     tf = teacher_forced_logprobs(model, r, 0.7)
@@ -200,83 +257,39 @@ def test_compacted_sampling_keeps_logprobs_exact():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_bf16_kv_cache_under_autocast_is_bit_identical(device, monkeypatch):
-    """Under bf16 autocast (CPU or CUDA: the device's own autocast) the static cache stores
+    """Under bf16 autocast (CPU or CUDA: the device's own autocast) decode.KVCache stores
     keys and values in bf16 (so attention does not re-cast a float32 key cache at every
-    step), and samples exactly what a float32 cache sampled: the same tokens and the same
+    step), and samples exactly what a float32 cache samples: the same tokens and the same
     log-probs, bit for bit (autocast hands attention bf16 either way). The float32 cache is
-    what transformers allocates for the float32 keys (the rotary embedding's output); its
-    values are stored in float32 too, as some transformers 5.x releases allocate them in
-    the keys' dtype (a bf16 value round-trips through float32 exactly)."""
-    import lopti_minimal.sampling as S
+    what the keys' own dtype would give (the rotary embedding's output is float32)."""
     model = tiny_llama(device=device)
-    caches, store = [], S._store_kv_in
-    monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: (caches.append(c), store(c, dt)))
+    caches, init = [], decode.HFDecoder.__init__
+    monkeypatch.setattr(decode.HFDecoder, "__init__",
+                        lambda self, *a, **k: (init(self, *a, **k), caches.append(self.cache))[0])
     with torch.autocast(device, dtype=torch.bfloat16):
         a = _sample(model, decoder="hf")
-        monkeypatch.setattr(S, "_store_kv_in", lambda c, dt: store(c, torch.float32))
+        monkeypatch.setattr(decode, "autocast_dtype", lambda dev: torch.float32)
         b = _sample(model, decoder="hf")
-    assert caches and all(layer.keys.dtype == torch.bfloat16 for layer in caches[0].layers)
+    assert [layer.keys.dtype for layer in caches[0].layers] == [torch.bfloat16] * 2
+    assert caches[1].layers[0].keys.dtype == torch.float32
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.old_logprobs, b.old_logprobs)
 
 
-def test_attending_to_the_filled_prefix_changes_nothing(monkeypatch):
-    """The static cache hands attention only the positions written so far (the default);
-    tokens, masks and log-probs equal those of attending over the whole preallocated,
-    masked cache (filled_prefix=False), greedy and sampled, with rows stopping early and
-    being compacted away."""
-    import lopti_minimal.sampling as S
-    model = tiny_llama()
-    with torch.no_grad():
-        model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight[40]
-    caches, attend, seen = [], S._attend_to_filled_prefix, []
-
-    def attend_and_record(cache):
-        active = attend(cache)
-        caches.append(cache)
-        layer = cache.layers[0]
-        update = layer.update
-
-        def update_and_record(k, v, *a, **kw):     # how many key positions attention is handed
-            keys, values = update(k, v, *a, **kw)
-            seen.append(keys.shape[-2])
-            return keys, values
-        layer.update = update_and_record
-        return active
-    monkeypatch.setattr(S, "_attend_to_filled_prefix", attend_and_record)
-    R = 24
-    for greedy in (True, False):
-        a = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy, decoder="hf")
-        b = _sample(model, max_new_tokens=R, check_every=2, greedy=greedy, filled_prefix=False)
-        lengths = a.response_mask.sum(1)
-        assert lengths.min() < lengths.max()
-        for name in ("response_ids", "response_mask", "attention_mask"):
-            assert torch.equal(getattr(a, name), getattr(b, name)), name
-        assert torch.allclose(a.old_logprobs, b.old_logprobs, atol=1e-5)
-    # it was active: the layers counted what they stored, fewer than the P + R positions
-    assert len(caches) == 2
-    P = max(len(p) for p in PROMPTS)
-    filled = caches[-1].layers[0].n_filled
-    assert P < filled < P + R
-    # attention saw the prefill's P keys, then one more per decode step (not P + R each time)
-    assert seen[:3] == [P, P + 1, P + 2]
-
-
-def test_kv_cache_is_freed_on_return(monkeypatch):
-    """The patched cache layers (bf16 keys, filled prefix) do not keep themselves alive in a
-    reference cycle: with the cycle collector off, no layer of the cache (and so none of
-    its keys and values) outlives sample_groups."""
+@pytest.mark.parametrize("decoder", ["hf", "lean"])
+def test_kv_cache_is_freed_on_return(decoder, monkeypatch):
+    """The decode step and its KV cache do not keep themselves alive in a reference cycle:
+    with the cycle collector off, none outlives sample_groups."""
     import gc
     import weakref
-    import lopti_minimal.sampling as S
-    layers, attend = [], S._attend_to_filled_prefix
-    monkeypatch.setattr(S, "_attend_to_filled_prefix",
-                        lambda c: (layers.extend(weakref.ref(l) for l in c.layers), attend(c))[1])
+    refs, make = [], decode.make_decoder
+    monkeypatch.setattr(sampling, "make_decoder",
+                        lambda *a: (lambda d: (refs.append(weakref.ref(d)), d)[1])(make(*a)))
     model = tiny_llama()
     gc.disable()
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            _sample(model, decoder="hf")
-        assert layers and all(r() is None for r in layers)
+            _sample(model, decoder=decoder)
+        assert refs and all(r() is None for r in refs)
     finally:
         gc.enable()

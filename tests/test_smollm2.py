@@ -7,8 +7,9 @@ import time
 
 import torch
 
+from lopti_minimal.batch import position_ids_from_mask
 from lopti_minimal.models import is_instruct, kk_prompt, load_model_and_tokenizer
-from lopti_minimal.sampling import position_ids_from_mask, sample_groups
+from lopti_minimal.sampling import sample_groups
 from lopti_minimal.task import kk, reward
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

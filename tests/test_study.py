@@ -14,7 +14,8 @@ import pytest
 
 from conftest import ROOT
 from lopti_minimal import runs
-from lopti_minimal.config import TrainConfig, config_to_json, make_config
+from lopti_minimal.config import TrainConfig, make_config
+from lopti_minimal.runs import config_to_json
 from lopti_minimal.experiments import aggregate as A
 from lopti_minimal.experiments import grid as G
 from lopti_minimal.experiments import report as R

@@ -8,7 +8,8 @@ import torch
 
 from conftest import ROOT, load_script
 from lopti_minimal import config, decode, models, plumbing, precision, runs, trainer
-from lopti_minimal.config import TrainError, config_from_json, config_to_json, make_config
+from lopti_minimal.config import TrainError, make_config
+from lopti_minimal.runs import config_from_json, config_to_json
 
 # what differs between two runs of the same numbers: times, and the host's resident memory
 TIMING = ("sample_s", "update_s", "step_s", "mechanism_s", "peak_rss_gb")
@@ -138,12 +139,12 @@ def test_step_prompts_cover_each_epoch_and_depend_only_on_seed_and_step():
 # ----------------------------------------------------------------------------- rollouts
 
 def test_concat_rollouts_keeps_the_layout():
-    from lopti_minimal.sampling import Rollout, concat_rollouts
+    from lopti_minimal.batch import Rollout, concat_rollouts
 
     def ro(P, R, fill):
         ids = torch.full((2, P + R), fill)
         am = torch.ones(2, P + R, dtype=torch.long)
-        return Rollout(ids, am, ids[:, P:], torch.ones(2, R), P, 2, old_logprobs=torch.full((2, R), -0.5))
+        return Rollout(ids, am, ids[:, P:], torch.ones(2, R), P, old_logprobs=torch.full((2, R), -0.5))
 
     c = concat_rollouts([ro(3, 2, 7), ro(5, 4, 8)], pad_token_id=0)
     assert c.prompt_len == 5 and c.response_ids.shape == (4, 4) and c.input_ids.shape == (4, 9)

@@ -28,7 +28,7 @@ from dataclasses import replace  # noqa: E402
 from lopti_minimal import config as T  # noqa: E402
 from lopti_minimal.grpo import (batch_logprobs, group_advantages, grpo_update,  # noqa: E402
                                 token_advantages)
-from lopti_minimal.sampling import Rollout  # noqa: E402
+from lopti_minimal.batch import Rollout  # noqa: E402
 from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
 from lopti_minimal.reweight import reweight_advantages  # noqa: E402
 from lopti_minimal.sampling import sample_groups  # noqa: E402
@@ -129,11 +129,11 @@ def reward_of(setting):
     return kk_like_reward, torch.tensor(rewards)
 
 
-def config(method, grad_clip=1e9, lr=1e-3):
+def config(method, grad_clip=1e9, lr=1e-3, order="low_first"):
     return T.make_config("ci", method=method, group_size=G, prompts_per_step=len(PROMPTS),
                          micro_batch_size=6, mini_batch_size=256, temperature=TEMPERATURE,
                          max_new_tokens=MAX_NEW, kl_coef=KL, lr=lr, grad_clip=grad_clip,
-                         autocast_bf16=False, device="cpu", threads=1)
+                         autocast_bf16=False, device="cpu", threads=1, lopti_order=order)
 
 
 # ------------------------------------------------------------------------------- TRL side
@@ -145,7 +145,7 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
     completions. num_processes: the processes of `accelerate launch` sharing the global
     batch (tests/test_trl_multiprocess.py); patch(trainer): a last change before training."""
     from datasets import Dataset
-    cfg = config(method, grad_clip=grad_clip, lr=lr)
+    cfg = config(method, grad_clip=grad_clip, lr=lr, order=order)
     reward_fn, _ = reward_of(setting)
     model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
     opt = (RecordingSGD(model.parameters(), lr=lr) if opt_kind == "sgd"
@@ -157,7 +157,7 @@ def run_trl(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_cl
     trainer = LoptiGRPOTrainer(model=model, reward_funcs=reward_fn, args=args,
                                train_dataset=Dataset.from_list([{"prompt": p} for p in setting["prompts"]]),
                                processing_class=setting["tok"], optimizers=(opt, None),
-                               method=method, lopti_order=order, paper_advantages=paper_advantages)
+                               cfg=cfg, paper_advantages=paper_advantages)
 
     # The only replaced piece: sampling returns the fixed completions. The prompts come in
     # dataset order (no shuffling), G rows each, and each process gets its consecutive share
@@ -222,7 +222,7 @@ def run_ours(setting, method, opt_kind="sgd", lr=1e-3, order="low_first", grad_c
     prompts = torch.tensor([setting["prompt_ids"][i // G] for i in range(len(comps))])
     batch = Rollout(input_ids=torch.cat([prompts, resp], 1),
                     attention_mask=torch.cat([torch.ones_like(prompts), rmask.long()], 1),
-                    response_ids=resp, response_mask=rmask, prompt_len=prompts.shape[1], group_size=G)
+                    response_ids=resp, response_mask=rmask, prompt_len=prompts.shape[1])
     batch = replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
     adv = token_advantages(group_advantages(rewards, G), rmask)
     if cfg.uses_ar:
@@ -386,7 +386,7 @@ def _prepared(setting, method, tmp_path):
     tok = setting["tok"]
     model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
     trainer = LoptiGRPOTrainer(
-        model=model, reward_funcs=reward_fn, processing_class=tok, method=method,
+        model=model, reward_funcs=reward_fn, processing_class=tok, cfg=cfg,
         train_dataset=Dataset.from_list([{"prompt": p} for p in setting["prompts"]]),
         args=make_trl_config(cfg, str(tmp_path), report_to="none", save_strategy="no",
                              disable_tqdm=True, dataloader_num_workers=0))
@@ -409,7 +409,7 @@ def _prepared(setting, method, tmp_path):
               "completion_mask": cmask, "advantages": adv, "old_per_token_logps": old,
               "ref_per_token_logps": ref, "num_items_in_batch": cmask.sum()}
     batch = Rollout(input_ids=ids, attention_mask=am, response_ids=cids, response_mask=cmask.float(),
-                    prompt_len=pids.shape[1], group_size=G, old_logprobs=old, advantages=adv,
+                    prompt_len=pids.shape[1], old_logprobs=old, advantages=adv,
                     ref_logprobs=ref)
     return trainer, model, inputs, batch, cfg
 

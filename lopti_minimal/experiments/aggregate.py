@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import runs
-from ..config import config_from_json
 from .grid import (GRID_PAIRS, GRIDS, GRPO, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, Variant,
                    config_diff, portable, setting_key, warm_start_eval_path)
 from .mechanism_report import MECH_KEYS, run_scalars
@@ -110,7 +109,7 @@ def token_split(metrics: list[dict], cfg: dict) -> dict:
     last step's samples."""
     low = [m["low_fraction"] for m in metrics if "low_fraction" in m]
     ds = [m["derive_share"] for m in metrics if "derive_share" in m]
-    return {"eta": config_from_json(cfg).low_eta, "low_step1": low[0] if low else None,
+    return {"eta": runs.config_from_json(cfg).low_eta, "low_step1": low[0] if low else None,
             "low_mean": float(np.mean(low)) if low else None, "derive_last": ds[-1] if ds else None}
 
 

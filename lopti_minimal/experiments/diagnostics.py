@@ -35,15 +35,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..config import PAPER_METHODS, PAPER_SETTINGS, TrainConfig
+from .. import trainer
+from ..batch import Rollout
+from ..config import PAPER_METHODS, TrainConfig
 from ..grpo import batch_logprobs, group_advantages, grpo_update, token_advantages, token_logprobs
-from ..lopti import lopti_update
 # The paper's fixed bins of pi_old (Fig. 1, Fig. 3), shared with the trainer's per-step metrics.
 from ..mechanism import BIN_LABELS, N_BINS, bin_index, bin_masks
 from ..models import is_instruct, kk_prompt, load_model_and_tokenizer
 from ..precision import build_optimizer
-from ..reweight import reweight_advantages
-from ..sampling import Rollout, sample_groups
+from ..sampling import sample_groups
 from ..task import dataset
 from ..task.reward import score_response
 
@@ -70,9 +70,6 @@ class DiagConfig:
     tokens_per_bin: int = 8          # per-token parameter gradients: tokens sampled per bin
     lr: float = 1e-3                 # Fig. 1: plain SGD step size (paper: 1e-3)
     micro_batch_size: int = 4        # rows per forward/backward (memory only)
-    ar_alpha: float = PAPER_SETTINGS["ar"]["alpha"]        # AR-only run
-    lopti_eta: float = PAPER_SETTINGS["lopti"]["eta"]      # Lopti-only run
-    ar_lopti: tuple = tuple(PAPER_SETTINGS["ar_lopti"].values())   # (alpha, eta) of AR+Lopti
     fig3_optimizers: tuple = ("sgd",)   # add "adamw" to also measure with the trainer's AdamW
     adamw_lr: float = 1e-6           # AdamW lr for Fig. 3 (paper: 1e-6)
     kl_coef: float = 0.001           # k3 KL to the diagnosed model (its gradient is 0 at step 1)
@@ -292,21 +289,11 @@ def sgd_bin_update(model, batch: Rollout, token_mask, ucfg: TrainConfig, lr: flo
     return grpo_update(model, make_sgd(model, lr), batch, ucfg, token_mask=token_mask, denominator="all")
 
 
-def method_update(name: str, model, batch: Rollout, ucfg: TrainConfig, optimizer, cfg: DiagConfig):
-    """One update of a named method (config.PAPER_METHODS) from the current parameters (Fig. 3)."""
-    old = batch.old_logprobs
-    if name == "grpo":
-        return grpo_update(model, optimizer, batch, ucfg)
-    if name == "ar":
-        b = dataclasses.replace(batch, advantages=reweight_advantages(batch.advantages, old, cfg.ar_alpha))
-        return grpo_update(model, optimizer, b, ucfg)
-    if name == "lopti":
-        return lopti_update(model, optimizer, batch, ucfg, eta=cfg.lopti_eta)
-    if name == "ar_lopti":
-        alpha, eta = cfg.ar_lopti
-        b = dataclasses.replace(batch, advantages=reweight_advantages(batch.advantages, old, alpha))
-        return lopti_update(model, optimizer, b, ucfg, eta=eta)
-    raise ValueError(f"unknown method {name!r}")
+def method_update(name: str, model, batch: Rollout, ucfg: TrainConfig, optimizer):
+    """One update of one of the paper's methods (config.PAPER_METHODS, at its K&K settings)
+    from the current parameters (Fig. 3): the trainer's AR and update, on this batch."""
+    cfg = dataclasses.replace(ucfg, method=name, alpha=None, eta=None)     # the paper's alpha, eta
+    return trainer.update(model, optimizer, trainer.reweight(batch, cfg), cfg, step=0)
 
 
 # ------------------------------------------------------------------- the whole run
@@ -411,7 +398,7 @@ def _fig3_section(model, batch, cfg, ucfg, masks, adv, snap) -> dict:
                 opt = build_optimizer(model, u)
             delta, _ = probability_change(
                 model, batch, batch.old_logprobs,
-                lambda: method_update(meth, model, batch, u, opt, cfg), u, snap)
+                lambda: method_update(meth, model, batch, u, opt), u, snap)
             out[opt_name][meth] = _change_stats(delta, adv, masks)
             out[opt_name][meth]["mean_delta_pos"] = out[opt_name][meth]["pos_adv"]
     return out

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import (ESTIMATORS, LOPTI_ORDERS, LOPTI_SPLITS, METHODS, TOKEN_FIXES, TrainConfig,
-                      config_from_json, config_to_json, paper_settings, uses_ar, uses_lopti)
+                      paper_settings, uses_ar, uses_lopti, without_ar)
 from ..paths import work_root
+from ..runs import config_from_json, config_to_json
 
 ROOT = work_root()       # the checkout (or, installed, the current folder)
 
@@ -53,7 +54,7 @@ class Variant:
         if self.split not in LOPTI_SPLITS:
             raise StudyError(f"unknown Lopti split {self.split!r}: {' or '.join(LOPTI_SPLITS)}")
         if uses_ar(m) and self.alpha is not None and float(self.alpha) == 0.0:
-            m = {"ar": "grpo", "ar_lopti": "lopti"}[m]
+            m = without_ar(m)
         ar, lopti = uses_ar(m), uses_lopti(m)
         object.__setattr__(self, "method", m)
         object.__setattr__(self, "alpha", float(self.alpha) if ar and self.alpha is not None else None)
@@ -92,9 +93,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        fixes = {"grpo": "", "ar": "+AR", "lopti": "+Lopti", "ar_lopti": "+AR+Lopti",
-                 "entropy_top": "+top-20% entropy", "cispo": "+CISPO", "clip_cov": "+Clip-Cov",
-                 "kl_cov": "+KL-Cov"}[self.method]
+        fixes = METHODS[self.method].label
         base = "GRPO" + fixes if self.estimator == "grpo" else f"REINFORCE++ {fixes}".strip()
         knobs = ([f"α={self.alpha:g}"] if self.alpha is not None else []) + \
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
@@ -139,8 +138,8 @@ class Variant:
 
 
 GRPO = Variant("grpo")
-# The paper's K&K settings per method (config.PAPER_SETTINGS, the table `train.py --method`
-# uses): the rows of its results table.
+# The paper's K&K settings per method (config.METHODS, the table `train.py --method` uses):
+# the rows of its results table.
 _ps = paper_settings
 AR = Variant("ar", alpha=_ps("ar")["alpha"])
 LOPTI = Variant("lopti", eta=_ps("lopti")["eta"])

@@ -48,7 +48,8 @@ from tqdm import tqdm
 
 from .. import cli, plumbing, runs, trainer
 from ..cli import HelpFormatter
-from ..config import PRESETS, TrainConfig, TrainError, config_from_json, config_to_json
+from ..config import PRESETS, TrainConfig, TrainError
+from ..runs import config_from_json, config_to_json
 from ..plumbing import ROOT
 from ..task.evaluate import write_eval_json
 from ..task.kk import load_jsonl

@@ -33,18 +33,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..batch import decode_responses
 from ..models import adds_bos, kk_prompt
 from ..precision import free_memory
-from ..sampling import decode_responses, sample_groups
+from ..sampling import sample_groups
 from .kk import load_jsonl
 from .reward import score_response
-
-# Response budget per size for the tiny model (eval.py and the training runs' evaluation):
-# above the longest phrased derivation for 3 and 4 people (~550 and ~1,100 tokens, a full
-# search), the 95th percentile for 5 (~1,300); 6 and 7 people are capped to keep the
-# evaluation cheap (the tiny model almost never solves them).  Every extra token costs a
-# decoding step of the whole batch.
-DEFAULT_MAX_NEW_TOKENS = {3: 640, 4: 1152, 5: 1536, 6: 1536, 7: 2048}
 
 
 def record_size(r: dict) -> int:
@@ -81,15 +75,14 @@ def budget(max_new_tokens, n: int) -> int:
 
 
 @torch.no_grad()
-def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=None,
+def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens,
                      batch_size: int = 100, samples: int = 1, temperature: float = 0.7,
                      seed: int = 0, prompt_style: str = "auto", autocast_bf16: bool = False,
-                     rollout_chunk: int = 0, progress: bool = True,
-                     keep_responses: bool = False, response_prefix: str = "",
+                     progress: bool = True, keep_responses: bool = False, response_prefix: str = "",
                      decoder: str = "auto") -> dict:
     """Evaluate ``model`` on ``records``; returns the report dict (see module docstring).
 
-    max_new_tokens: an int, or {size: int} (default DEFAULT_MAX_NEW_TOKENS).
+    max_new_tokens: an int, or {size: int} (a run's: TrainConfig.eval_max_new_tokens).
     batch_size: responses decoded together (prompts per batch = batch_size // samples).
     autocast_bf16: decode under bf16 autocast, CPU or CUDA (the training numerics).
     response_prefix: text the response is forced to start with (appended to the prompt;
@@ -98,68 +91,25 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
     decoder: sample_groups' decode step (auto | lean | hf; TrainConfig.decoder).
     """
     check_records(records)
-    max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     greedy = samples == 1
-    device = next(model.parameters()).device
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast_bf16 and device.type in ("cpu", "cuda") \
-        else contextlib.nullcontext()
-    add_bos = adds_bos(tokenizer)
     by_size: dict[int, list[dict]] = {}
     for r in records:
         by_size.setdefault(record_size(r), []).append(r)
-
     t0 = time.perf_counter()
     per_size, rows_out = {}, []
     bar = tqdm(total=len(records), desc="evaluate", disable=not progress, file=sys.stderr, unit="puzzle")
     for n in sorted(by_size):
-        recs = by_size[n]
-        ids = [tokenizer(kk_prompt(r, tokenizer, prompt_style) + response_prefix,
-                         add_special_tokens=add_bos)["input_ids"] for r in recs]
-        order = sorted(range(len(recs)), key=lambda i: len(ids[i]))
-        per_batch = max(1, batch_size // samples)
-        scores = [None] * len(recs)
-        lengths = [None] * len(recs)
-        texts = [None] * len(recs)
-        for b, s in enumerate(range(0, len(order), per_batch)):
-            chunk = order[s:s + per_batch]
-            gen = torch.Generator(device=device)
-            gen.manual_seed(int(np.random.SeedSequence([seed, n, b]).generate_state(1)[0]))
-            with amp:
-                ro = sample_groups(model, [ids[i] for i in chunk], samples, budget(max_new_tokens, n),
-                                   temperature=None if greedy else temperature,
-                                   eos_token_id=tokenizer.eos_token_id,
-                                   pad_token_id=tokenizer.pad_token_id, generator=gen, greedy=greedy,
-                                   logprobs=False, decoder=decoder)
-            out = [response_prefix + t for t in decode_responses(tokenizer, ro)]
-            lens = ro.response_mask.sum(1).long().tolist()
-            for j, i in enumerate(chunk):
-                texts[i] = out[j * samples:(j + 1) * samples]
-                lengths[i] = lens[j * samples:(j + 1) * samples]
-                scores[i] = [score_response(t, recs[i]) for t in texts[i]]
-            bar.update(len(chunk))
-            free_memory(device)      # the batch's KV cache: its heap pages back (precision.py)
-        flat = [s for ss in scores for s in ss]
-        flat_len = [x for ll in lengths for x in ll]
-        m = budget(max_new_tokens, n)
-        per_size[n] = {
-            "n": len(recs),
-            "samples": samples,
-            "accuracy": float(np.mean([s.correct for s in flat])),
-            "format_error": float(np.mean([not s.format_ok for s in flat])),
-            "unparseable": float(np.mean([s.format_ok and s.parsed_roles is None for s in flat])),
-            "wrong_answer": float(np.mean([s.parsed_roles is not None and not s.correct for s in flat])),
-            "mean_reward": float(np.mean([s.total for s in flat])),
-            "mean_tokens": float(np.mean(flat_len)),
-            "truncated": float(np.mean([x >= m for x in flat_len])),
-            "max_new_tokens": m,
-        }
-        if samples > 1:
-            per_size[n]["pass_at_k"] = float(np.mean([any(s.correct for s in ss) for ss in scores]))
+        recs, m = by_size[n], budget(max_new_tokens, n)
+        texts, lengths = _responses(model, tokenizer, recs, n, m, batch_size=batch_size, samples=samples,
+                                    temperature=temperature, seed=seed, prompt_style=prompt_style,
+                                    autocast_bf16=autocast_bf16, response_prefix=response_prefix,
+                                    decoder=decoder, bar=bar)
+        scores = [[score_response(t, r) for t in tt] for tt, r in zip(texts, recs)]
+        per_size[n] = size_report(scores, lengths, m)
         if keep_responses:
-            for r, tt, ss in zip(recs, texts, scores):
-                for t, s in zip(tt, ss):
-                    rows_out.append({"n_people": n, "index": r.get("index"), "response": t,
-                                     "reward": s.total, "correct": s.correct})
+            rows_out += [{"n_people": n, "index": r.get("index"), "response": t, "reward": sc.total,
+                          "correct": sc.correct}
+                         for r, tt, ss in zip(recs, texts, scores) for t, sc in zip(tt, ss)]
     bar.close()
     keys = ("accuracy", "format_error", "unparseable", "wrong_answer", "mean_reward", "mean_tokens", "truncated")
     report = {
@@ -174,6 +124,63 @@ def evaluate_records(model, tokenizer, records: list[dict], *, max_new_tokens=No
     if keep_responses:
         report["responses"] = rows_out
     return report
+
+
+def _responses(model, tokenizer, recs: list[dict], n: int, max_new_tokens: int, *, batch_size, samples,
+               temperature, seed, prompt_style, autocast_bf16, response_prefix, decoder, bar):
+    """The ``samples`` responses (texts, token counts) of every puzzle of size ``n``: greedy for
+    one, else sampled; batches of prompts sorted by length (little padding), each with its
+    own generator from (seed, n, batch)."""
+    greedy = samples == 1
+    device = next(model.parameters()).device
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast_bf16 and device.type in ("cpu", "cuda") \
+        else contextlib.nullcontext()
+    add_bos = adds_bos(tokenizer)
+    ids = [tokenizer(kk_prompt(r, tokenizer, prompt_style) + response_prefix,
+                     add_special_tokens=add_bos)["input_ids"] for r in recs]
+    order = sorted(range(len(recs)), key=lambda i: len(ids[i]))
+    per_batch = max(1, batch_size // samples)
+    texts, lengths = [None] * len(recs), [None] * len(recs)
+    for b, s in enumerate(range(0, len(order), per_batch)):
+        chunk = order[s:s + per_batch]
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(np.random.SeedSequence([seed, n, b]).generate_state(1)[0]))
+        with amp:
+            ro = sample_groups(model, [ids[i] for i in chunk], samples, max_new_tokens,
+                               temperature=None if greedy else temperature,
+                               eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id, generator=gen, greedy=greedy,
+                               logprobs=False, decoder=decoder)
+        out = [response_prefix + t for t in decode_responses(tokenizer, ro)]
+        lens = ro.response_mask.sum(1).long().tolist()
+        for j, i in enumerate(chunk):
+            texts[i] = out[j * samples:(j + 1) * samples]
+            lengths[i] = lens[j * samples:(j + 1) * samples]
+        bar.update(len(chunk))
+        free_memory(device)      # the batch's KV cache: its heap pages back (precision.py)
+    return texts, lengths
+
+
+def size_report(scores: list[list], lengths: list[list[int]], max_new_tokens: int) -> dict:
+    """One size's row of the report from each puzzle's scores and token counts (module
+    docstring: the failure modes partition the responses)."""
+    flat = [s for ss in scores for s in ss]
+    flat_len = [x for ll in lengths for x in ll]
+    row = {
+        "n": len(scores),
+        "samples": len(scores[0]),
+        "accuracy": float(np.mean([s.correct for s in flat])),
+        "format_error": float(np.mean([not s.format_ok for s in flat])),
+        "unparseable": float(np.mean([s.format_ok and s.parsed_roles is None for s in flat])),
+        "wrong_answer": float(np.mean([s.parsed_roles is not None and not s.correct for s in flat])),
+        "mean_reward": float(np.mean([s.total for s in flat])),
+        "mean_tokens": float(np.mean(flat_len)),
+        "truncated": float(np.mean([x >= max_new_tokens for x in flat_len])),
+        "max_new_tokens": max_new_tokens,
+    }
+    if len(scores[0]) > 1:
+        row["pass_at_k"] = float(np.mean([any(s.correct for s in ss) for ss in scores]))
+    return row
 
 
 def format_table(report: dict) -> str:

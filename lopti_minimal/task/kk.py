@@ -314,18 +314,22 @@ class InfeasibleRequest(ValueError):
     """The request cannot be met (too few distinct uniquely solvable puzzles exist)."""
 
 
-def generate_problems(
-    n_people: int,
-    count: int,
-    seed: int = 0,
-    depth: int = 2,
-    width: int = 2,
-    exclude: Iterable[tuple] = (),
-    max_failures: int = 10_000,
-    stats: dict | None = None,
-    progress=None,
-    dedup: str = "canonical",
-) -> list[dict]:
+def _check_request(n_people: int, count: int, depth: int, width: int, dedup: str) -> None:
+    """generate_problems' arguments: ValueError, or InfeasibleRequest above the bound."""
+    if count < 0:
+        raise ValueError("count must be >= 0")
+    if dedup not in ("canonical", "exact"):
+        raise ValueError(f"dedup must be 'canonical' or 'exact', got {dedup!r}")
+    bound = count_statements(n_people, depth, width) ** n_people
+    if count > bound:
+        raise InfeasibleRequest(
+            f"at most {bound} distinct puzzles exist for n={n_people}, depth={depth}, "
+            f"width={width}; {count} requested")
+
+
+def generate_problems(n_people: int, count: int, seed: int = 0, depth: int = 2, width: int = 2,
+                      exclude: Iterable[tuple] = (), max_failures: int = 10_000,
+                      stats: dict | None = None, progress=None, dedup: str = "canonical") -> list[dict]:
     """`count` distinct, uniquely solvable puzzles, as the official `sample_valid_problems`.
 
     Each candidate from `KKSampler` is skipped unless it has exactly one consistent
@@ -339,15 +343,7 @@ def generate_problems(
 
     Returns dicts {'statements', 'solution'}.  `stats`, if given, receives the counts
     'draws', 'duplicate', 'excluded', 'not_unique' (for the rejection-rate figures)."""
-    if count < 0:
-        raise ValueError("count must be >= 0")
-    if dedup not in ("canonical", "exact"):
-        raise ValueError(f"dedup must be 'canonical' or 'exact', got {dedup!r}")
-    bound = count_statements(n_people, depth, width) ** n_people
-    if count > bound:
-        raise InfeasibleRequest(
-            f"at most {bound} distinct puzzles exist for n={n_people}, depth={depth}, "
-            f"width={width}; {count} requested")
+    _check_request(n_people, count, depth, width, dedup)
     sampler = KKSampler(seed, n_people, depth, width)
     excluded = set(exclude)
     seen: set = set()
