@@ -2,9 +2,12 @@
 # The README's default-run table and figure, from scratch: three seeds of `python train.py`,
 # each evaluated as the table reports it, and the two warm starts it is compared with.
 # About 1 hour on a 2-core CPU. Usage: bash scripts/readme_default_runs.sh [OUT] (default
-# results/rl-default; the warm starts' evaluations go to results/warmstart/).
+# results/rl-default-lock, the table's runs made with requirements-lock.txt's versions; the
+# warm starts' evaluations go to OUT/warmstart/). results/rl-default and results/warmstart
+# are an earlier run of this script on a 2-core AMD EPYC (versions not recorded).
 set -euo pipefail
-OUT=${1:-results/rl-default}
+OUT=${1:-results/rl-default-lock}
+WARM=$OUT/warmstart
 THREADS=${THREADS:-2}
 evals() {   # MODEL FOLDER: the held-out and sampled evaluations the table reads
   python eval.py --model "$1" --data data/heldout3.jsonl --threads "$THREADS" --out "$2/eval_heldout3.json"
@@ -20,8 +23,8 @@ for s in 0 1 2; do
   evals "$run" "$OUT/tiny-warm-s$s"
 done
 for w in tiny-warm tiny-derive; do
-  python eval.py --model checkpoints/$w --threads "$THREADS" --out results/warmstart/$w/eval_official_greedy.json
-  evals checkpoints/$w results/warmstart/$w
+  python eval.py --model checkpoints/$w --threads "$THREADS" --out "$WARM/$w/eval_official_greedy.json"
+  evals checkpoints/$w "$WARM/$w"
 done
-python scripts/rl_summary.py --before results/warmstart/tiny-warm "$OUT"/tiny-warm-s0 "$OUT"/tiny-warm-s1 \
-  "$OUT"/tiny-warm-s2 --reference results/warmstart/tiny-derive --plot "$OUT/tiny-warm-seeds.png"
+python scripts/rl_summary.py --before "$WARM/tiny-warm" "$OUT"/tiny-warm-s0 "$OUT"/tiny-warm-s1 \
+  "$OUT"/tiny-warm-s2 --reference "$WARM/tiny-derive" --plot "$OUT/tiny-warm-seeds.png"
