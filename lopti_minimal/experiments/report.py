@@ -330,8 +330,7 @@ PROTOCOL = [
     "- Accuracy: share of the official test puzzles whose **greedy** response scores 3, at the end of each "
     "run (the paper averages its last three evaluations). Held-out: the 400 three-person puzzles of "
     "`data/heldout3.jsonl`, greedy. Steps to 80% derivations: the first RL step whose samples are at "
-    f"least {SELECT_AT:.0%} derivations (never = steps + 1: such a run is censored, and a difference "
-    "involving it is a bound, not an estimate).",
+    f"least {SELECT_AT:.0%} derivations (never = steps + 1: censored; a difference with it is a bound).",
     "- Each table uses the seeds all its rows have. Cells: mean ± half-width of the 95% Student-t "
     "interval over seeds. Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; "
     "`*` marks an interval that excludes 0. Relative = Δ / GRPO mean. No correction for multiple "
