@@ -320,6 +320,7 @@ class PhaseTimers:
     def __init__(self, ref):
         self.ref = ref
         self.t = {}
+        self.batch = self.rollout = None     # the update's batch, the sampler's rollout (FLOPs)
 
     def add(self, k, dt):
         self.t[k] = self.t.get(k, 0.0) + dt
@@ -340,12 +341,14 @@ class PhaseTimers:
             t = time.perf_counter()
             out = orig_blp(model, batch, config)
             self.add("ref_logp" if model is self.ref else "old_logp", time.perf_counter() - t)
+            self.batch = batch
             return out
 
         def ro(*a, **k):
             t = time.perf_counter()
             out = orig_rollout(*a, **k)
             self.add("sampling", time.perf_counter() - t)
+            self.rollout = out
             return out
 
         trainer.batch_logprobs, trainer.rollout = blp, ro
@@ -353,6 +356,29 @@ class PhaseTimers:
             yield self
         finally:
             trainer.batch_logprobs, trainer.rollout = orig_blp, orig_rollout
+
+
+def phase_flops(S: Setup, cfg, timers: PhaseTimers) -> dict:
+    """Model FLOPs of the phases of the step `timers` watched (benchmarks/flops.py: real
+    tokens, recomputation not counted): sampling, each no-grad log-prob pass, the update
+    (fwd+bwd over the whole batch per optimizer pass: Lopti's two stages x ppo_epochs)."""
+    import flops as F
+    s = F.Shapes.of(S.model.config)
+    b = timers.batch
+    fwd = F.batch_flops(s, b.attention_mask, b.response_mask, backward=False)["total"]
+    passes = cfg.ppo_epochs * (2 if cfg.uses_lopti else 1)
+    return {"sampling": F.rollout_flops(s, timers.rollout, cfg.group_size)["total"],
+            "old_logp": fwd if cfg.recompute_old_logprobs else 0, "ref_logp": fwd if cfg.kl_coef else 0,
+            "update": passes * F.batch_flops(s, b.attention_mask, b.response_mask, backward=True)["total"]}
+
+
+def phase_limits(S: Setup, timers: PhaseTimers) -> dict:
+    """The machine's matmul limit of each phase at its shapes, measured now (flops.py)."""
+    import flops as F
+    s, cache, mb = F.Shapes.of(S.model.config), {}, S.cfg.micro_batch_size
+    no_grad = F.pass_limits(s, timers.batch, mb, False, cache)
+    return {"sampling": F.decode_limits(s, timers.rollout, cache), "old_logp": no_grad,
+            "ref_logp": no_grad, "update": F.pass_limits(s, timers.batch, mb, True, cache)}
 
 
 def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> list[dict]:
@@ -381,8 +407,10 @@ def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> l
         ph["step"] = m["step_s"]
         ph["other"] = ph["step"] - sum(ph[k] for k in ("sampling", "reward", "old_logp", "ref_logp", "update"))
         ph["tokens"] = m["tokens"]
+        ph["flops"] = phase_flops(S, cfg, timers)
         out.append(ph)
     S.reset_weights()
+    out[0]["limits"] = phase_limits(S, timers)      # the last step's shapes
     return out
 
 
@@ -393,6 +421,9 @@ def part_step(S: Setup, args) -> dict:
         rows = run_steps(S, method, args.steps)
         res[method] = {k: statistics.median(r[k] for r in rows) for k in (*cols, "tokens")}
         res[method]["per_step"] = rows
+        res[method]["limits"] = rows[0].pop("limits")
+        res[method]["achieved"] = {k: statistics.median(r["flops"][k] / r[k] for r in rows if r[k] > 0)
+                                   for k in rows[0]["flops"] if rows[0]["flops"][k]}
     cfg = S.cfg
     print(f"\n[step] {cfg.prompts_per_step} prompts x G={cfg.group_size}, <= {cfg.max_new_tokens} new "
           f"tokens, micro-batch {cfg.micro_batch_size}, median of {args.steps} steps from the same "
@@ -401,12 +432,25 @@ def part_step(S: Setup, args) -> dict:
     for method, r in res.items():
         print(f"{method:10}" + "".join(f"{r[c]:>10.3f}" for c in cols) + f"{r['tokens']:>8.0f}"
               f"{r['tokens'] / r['update']:>10.0f}")
+    print_achieved(res)
     if "grpo" in res and "ar_lopti" in res:
         res["lopti_overhead_step"] = res["ar_lopti"]["step"] / res["grpo"]["step"]
         res["lopti_overhead_update"] = res["ar_lopti"]["update"] / res["grpo"]["update"]
         print(f"Lopti overhead: AR+Lopti step / GRPO step = {res['lopti_overhead_step']:.2f} (goal <= 1.5); "
               f"update phase {res['lopti_overhead_update']:.2f}")
     return res
+
+
+def print_achieved(res: dict) -> None:
+    """Each phase's achieved model FLOP/s beside this machine's matmul limit at its shapes."""
+    print("achieved model TFLOP/s per phase (benchmarks/flops.py) / the matmul limit at its "
+          "shapes, bf16 and float32, measured in this run: achieved / the faster limit")
+    for method, r in res.items():
+        for phase, a in r["achieved"].items():
+            lim = r["limits"][phase]
+            r.setdefault("of_limit", {})[phase] = a / lim["best"]
+            print(f"  {method:10}{phase:10}{a / 1e12:>8.3f}  limit bf16 {lim['bf16'] / 1e12:.3f}, float32 "
+                  f"{lim['float32'] / 1e12:.3f}  -> {a / lim['best']:.1%}")
 
 
 # ----------------------------------------------------------------------------- memory

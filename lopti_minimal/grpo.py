@@ -30,6 +30,11 @@ Design choices:
    presets) there is one mini-batch per pass and the two agree up to summation order; the
    GPU presets' 64 x 8 = 512 rows make two mini-batches of 256 per pass, two optimizer
    steps as in the reference, of other rows than the reference's.
+6. log pi(o_t) = z_y / T - logsumexp(z / T) is computed a few rows at a time
+   (`TargetLogProb`): the float32 [B, R, V] copy of the logits that autograd would keep, and
+   its gradient, never exist whole (557 MB per micro-batch of SmolLM2's 49,152-entry
+   vocabulary), and each row's passes stay in the cache. The same ops, row by row: the
+   same bits as the whole-tensor expression, values and gradients (tested).
 """
 from __future__ import annotations
 
@@ -112,6 +117,51 @@ def token_advantages(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Te
 # ----------------------------------------------------------------- log-probs
 
 
+class TargetLogProb(torch.autograd.Function):
+    """log_softmax(logits / T)[target] over the last dim, ROWS rows of [N, V] at a time
+    (design choice 6). Forward per chunk: z = logits.float() / T, lse = logsumexp(z),
+    z_y - lse; backward per chunk, d/dz = g * (onehot(y) - exp(z - lse)), then / T, in the
+    logits' dtype: autograd's own formulas for gather, logsumexp, the division and the cast,
+    in its order, so the bits are those of the whole-tensor expression."""
+
+    ROWS = 8       # 8 x 49,152 float32 = 1.5 MB: one chunk's passes stay in a core's cache
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature):
+        x, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1)
+        lse = x.new_empty(x.shape[0], dtype=torch.float32)
+        logp = torch.empty_like(lse)
+        for s in _row_chunks(x.shape[0]):
+            z = x[s].float() / temperature
+            lse[s] = torch.logsumexp(z, dim=-1)
+            logp[s] = z.gather(-1, t[s]).squeeze(-1) - lse[s]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return logp.view(logits.shape[:-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, targets, lse = ctx.saved_tensors
+        x, t, g = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1), grad.reshape(-1)
+        gx = torch.empty_like(x)
+        for s in _row_chunks(x.shape[0]):
+            z = x[s].float() / ctx.temperature
+            gz = (-g[s]).unsqueeze(-1) * (z - lse[s].unsqueeze(-1)).exp()    # logsumexp's
+            gz.scatter_add_(-1, t[s], g[s].unsqueeze(-1))                    # gather's
+            gx[s] = (gz / ctx.temperature).to(x.dtype)
+        return gx.view(logits.shape), None, None
+
+
+def _row_chunks(n: int) -> list[slice]:
+    """TargetLogProb.ROWS rows at a time; never a last chunk of one row (torch reduces a
+    single row's 49,152 entries in two parallel halves, other bits than row by row) unless
+    the tensor has one row."""
+    starts = list(range(0, n, TargetLogProb.ROWS))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return [slice(a, b) for a, b in zip(starts, starts[1:] + [n])]
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    prompt_len: int, temperature: float, entropy: bool = False):
     """log pi(o_t) of the response tokens with logits / temperature: [B, R]. With
@@ -134,16 +184,15 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids_from_mask(attention_mask),
                 use_cache=False, logits_to_keep=R + 1)
-    logits = out.logits[:, -(R + 1):-1, :].float() / temperature     # [B, R, V]
-    targets = input_ids[:, prompt_len:].unsqueeze(-1)
-    # log_softmax(z)_y = z_y - logsumexp(z): avoids materialising a second [B, R, V].
-    lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets).squeeze(-1) - lse
+    logits = out.logits[:, -(R + 1):-1, :]                           # [B, R, V]
+    # log_softmax(z / T)_y = z_y / T - logsumexp(z / T), a few rows at a time (choice 6)
+    logp = TargetLogProb.apply(logits, input_ids[:, prompt_len:], temperature)
     logp = torch.nn.functional.pad(logp, (0, R_full - R))
     if not entropy:
         return logp
-    # H = logsumexp(z) - sum_v softmax(z)_v z_v, from the same logits
-    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    # H = logsumexp(z) - sum_v softmax(z)_v z_v, from the same logits (z = logits / T)
+    z = logits.float() / temperature
+    ent = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
     return logp, torch.nn.functional.pad(ent, (0, R_full - R))
 
 

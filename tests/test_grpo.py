@@ -10,8 +10,8 @@ import torch
 
 from lopti_minimal.batch import position_ids_from_mask
 from lopti_minimal.config import TrainConfig
-from lopti_minimal.grpo import (agg_loss, group_advantages, grpo_update, kl_k3, policy_loss,
-                                sort_by_length, token_logprobs)
+from lopti_minimal.grpo import (TargetLogProb, agg_loss, group_advantages, grpo_update, kl_k3,
+                                policy_loss, sort_by_length, token_logprobs)
 from lopti_minimal.precision import build_optimizer
 from lopti_minimal.sampling import sample_groups
 
@@ -174,6 +174,35 @@ def test_token_logprobs_match_sampler_at_temperature(device):
     with torch.no_grad():
         lp1 = token_logprobs(model, r.input_ids, r.attention_mask, r.prompt_len, 0.7)
     assert (lp1[m] - r.old_logprobs[m]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 17, 24])
+def test_row_chunked_log_prob_is_the_whole_tensor_expression_bit_for_bit(dtype, rows):
+    """TargetLogProb (grpo.py, choice 6) against log_softmax's own expression on the whole
+    tensor, z_y - logsumexp(z) with z = logits.float() / T, under autograd: the same values
+    and the same gradient of the logits, to the bit. SmolLM2's vocabulary, so that torch
+    reduces a row in parallel where it would for a lone row; 17 rows leave a one-row tail
+    (merged into the chunk before it); 2 rows are a 1 x 2 batch's."""
+    V = 49152
+    g = torch.Generator().manual_seed(rows)
+    base = (3 * torch.randn(1, rows, V, generator=g)).to(dtype)
+    targets = torch.randint(0, V, (1, rows), generator=g)
+    weights = torch.randn(1, rows, generator=g)
+    for T in (0.7, 1.0):
+        a, b = base.clone().requires_grad_(), base.clone().requires_grad_()
+        z = a.float() / T
+        want = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+        got = TargetLogProb.apply(b, targets, T)
+        (want * weights).sum().backward()
+        (got * weights).sum().backward()
+        assert torch.equal(want, got) and torch.equal(a.grad, b.grad) and b.grad.dtype == dtype
+        # the gradient is log_softmax's: onehot - softmax, / T (can fail: a wrong T, a sign)
+        p = torch.softmax(base.double() / T, -1)
+        onehot = torch.nn.functional.one_hot(targets, V).double()
+        ref = weights.double().unsqueeze(-1) * (onehot - p) / T
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        assert (b.grad.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
 @pytest.mark.parametrize("device", DEVICES)
