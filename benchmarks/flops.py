@@ -37,7 +37,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -45,8 +45,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 
-@dataclass(frozen=True)
-class Shapes:
+class Shapes(NamedTuple):
     """A decoder's widths (from a transformers config)."""
     layers: int
     hidden: int

@@ -93,16 +93,33 @@ def make_cfg(args, **extra):
     return make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
                        group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                        micro_batch_size=args.micro_batch_size, threads=args.threads,
-                       seed=args.seed, progress=False, plots=False, final_eval=False, **extra)
+                       seed=args.seed, progress=False, plots=False, final_eval=False,
+                       **dict(parse_sets(args.set), **extra))
+
+
+def parse_sets(items) -> dict:
+    """--set FIELD=VALUE (a TrainConfig field; the value as Python reads it, else a string)."""
+    import ast
+    out = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
 
 
 class Setup:
     """Model, frozen reference, tokenizer and encoded RL prompts, as `trainer.train` makes them."""
 
     def __init__(self, cfg):
-        from lopti_minimal import models, plumbing, precision
+        from lopti_minimal import host_memory, models, plumbing, precision
         self.cfg = cfg
         torch.set_num_threads(cfg.threads or torch.get_num_threads())
+        # what train.py runs under (plumbing.Run): the mmap threshold costs time on a large
+        # model, so a benchmark without it would time another program than a run
+        host_memory.bound_process_memory(cfg.mmap_threshold_mb)
         records, _ = plumbing.rl_prompt_set(cfg, progress=False)
         self.model, self.tok = plumbing.load_policy(cfg)
         self.ref = precision.reference_copy(self.model) if cfg.kl_coef else None
@@ -384,7 +401,7 @@ def phase_limits(S: Setup, timers: PhaseTimers) -> dict:
 def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> list[dict]:
     """`steps` RL steps of one method, each from the same initial weights and the same
     post-warm-up optimizer state, with the phase split."""
-    from lopti_minimal import trainer as T
+    from lopti_minimal import host_memory, trainer as T
     from lopti_minimal.precision import build_optimizer
     cfg = replace(S.cfg, method=method)
     S.reset_weights()
@@ -398,6 +415,7 @@ def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> l
         opt.load_state_dict(copy.deepcopy(opt_state))
         rec, pr = S.step_prompts(step)
         timers = PhaseTimers(S.ref)
+        host_memory.reset_peak_rss()
         with timers.installed():
             m = T.rl_step(S.model, S.ref, opt, S.tok, rec, pr, cfg, step, reward_fn=timers.reward)
         ph = {k: timers.t.get(k, 0.0) for k in ("sampling", "reward", "old_logp", "ref_logp")}
@@ -407,6 +425,7 @@ def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> l
         ph["step"] = m["step_s"]
         ph["other"] = ph["step"] - sum(ph[k] for k in ("sampling", "reward", "old_logp", "ref_logp", "update"))
         ph["tokens"] = m["tokens"]
+        ph["peak_rss_gb"] = host_memory.peak_rss_gb()      # the process's peak during the step
         ph["flops"] = phase_flops(S, cfg, timers)
         out.append(ph)
     S.reset_weights()
@@ -419,7 +438,7 @@ def part_step(S: Setup, args) -> dict:
     res = {}
     for method in args.methods:
         rows = run_steps(S, method, args.steps)
-        res[method] = {k: statistics.median(r[k] for r in rows) for k in (*cols, "tokens")}
+        res[method] = {k: statistics.median(r[k] for r in rows) for k in (*cols, "tokens", "peak_rss_gb")}
         res[method]["per_step"] = rows
         res[method]["limits"] = rows[0].pop("limits")
         res[method]["achieved"] = {k: statistics.median(r["flops"][k] / r[k] for r in rows if r[k] > 0)
@@ -428,10 +447,10 @@ def part_step(S: Setup, args) -> dict:
     print(f"\n[step] {cfg.prompts_per_step} prompts x G={cfg.group_size}, <= {cfg.max_new_tokens} new "
           f"tokens, micro-batch {cfg.micro_batch_size}, median of {args.steps} steps from the same "
           f"weights (same rollouts for every method)")
-    print(f"{'method':10}" + "".join(f"{c:>10}" for c in cols) + f"{'tokens':>8}{'upd tok/s':>10}")
+    print(f"{'method':10}" + "".join(f"{c:>10}" for c in cols) + f"{'tokens':>8}{'upd tok/s':>10}{'peak GB':>9}")
     for method, r in res.items():
         print(f"{method:10}" + "".join(f"{r[c]:>10.3f}" for c in cols) + f"{r['tokens']:>8.0f}"
-              f"{r['tokens'] / r['update']:>10.0f}")
+              f"{r['tokens'] / r['update']:>10.0f}{r['peak_rss_gb']:>9.2f}")
     print_achieved(res)
     if "grpo" in res and "ar_lopti" in res:
         res["lopti_overhead_step"] = res["ar_lopti"]["step"] / res["grpo"]["step"]
@@ -556,6 +575,8 @@ def parse_args(argv=None):
     ap.add_argument("--methods", nargs="+", default=["grpo", "ar_lopti"])
     ap.add_argument("--parts", nargs="+", default=list(PARTS[:4]), choices=PARTS)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                    help="another TrainConfig value, e.g. mmap_threshold_mb=8 (repeatable)")
     ap.add_argument("--top", type=int, default=25, help="operators shown by part profile")
     ap.add_argument("--trace", help="part profile: also write a chrome trace here")
     ap.add_argument("--json", help="write all figures here")
