@@ -153,11 +153,13 @@ def matmul_rate(b: int, m: int, k: int, n: int, dtype: torch.dtype, seconds: flo
     the median of repeats over about `seconds` after a warm-up."""
     shape_a, shape_b = ((m, k), (k, n)) if b == 1 else ((b, m, k), (b, k, n))
     a, w = torch.randn(shape_a, dtype=dtype), torch.randn(shape_b, dtype=dtype)
-    torch.matmul(a, w)
+    # into one output buffer: a fresh output per call would time the allocator too (under a
+    # run's 4 MiB mmap threshold, a new mapping faulted in and zeroed every time)
+    c = torch.matmul(a, w)
     times, t_end = [], time.perf_counter() + seconds
     while time.perf_counter() < t_end or len(times) < 3:
         t = time.perf_counter()
-        torch.matmul(a, w)
+        torch.matmul(a, w, out=c)
         times.append(time.perf_counter() - t)
     times.sort()
     return 2 * b * m * k * n / times[len(times) // 2]

@@ -390,12 +390,20 @@ def phase_flops(S: Setup, cfg, timers: PhaseTimers) -> dict:
 
 
 def phase_limits(S: Setup, timers: PhaseTimers) -> dict:
-    """The machine's matmul limit of each phase at its shapes, measured now (flops.py)."""
+    """The machine's matmul limit of each phase at its shapes, measured now (flops.py), with
+    the allocator out of the way: under the run's mmap threshold every product's output and
+    oneDNN's scratch buffers would be fresh mappings (their page faults are the run's cost,
+    not the machine's limit), so a 1 GiB threshold while measuring, the run's after."""
     import flops as F
+    from lopti_minimal import host_memory
     s, cache, mb = F.Shapes.of(S.model.config), {}, S.cfg.micro_batch_size
-    no_grad = F.pass_limits(s, timers.batch, mb, False, cache)
-    return {"sampling": F.decode_limits(s, timers.rollout, cache), "old_logp": no_grad,
-            "ref_logp": no_grad, "update": F.pass_limits(s, timers.batch, mb, True, cache)}
+    host_memory.limit_heap_growth(1 << 30)
+    try:
+        no_grad = F.pass_limits(s, timers.batch, mb, False, cache)
+        return {"sampling": F.decode_limits(s, timers.rollout, cache), "old_logp": no_grad,
+                "ref_logp": no_grad, "update": F.pass_limits(s, timers.batch, mb, True, cache)}
+    finally:
+        host_memory.bound_process_memory(S.cfg.mmap_threshold_mb)
 
 
 def run_steps(S: Setup, method: str, steps: int, warmup_step: int = 10_000) -> list[dict]:
