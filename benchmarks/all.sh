@@ -26,6 +26,11 @@ run rl-step-tiny python benchmarks/rl_step.py --threads "$T" --json "$OUT/rl-ste
 run rl-step-smollm2-mem python benchmarks/rl_step.py --threads "$T" --preset smollm2-cpu \
   --parts memory --json "$OUT/rl-step-smollm2-mem.json"
 # where the time of one step goes
+run rl-step-smollm2 python benchmarks/rl_step.py --threads "$T" --preset smollm2-cpu --parts step \
+  --steps 1 --methods ar_lopti --json "$OUT/rl-step-smollm2.json"
+run rl-step-smollm2-m16 python benchmarks/rl_step.py --threads "$T" --preset smollm2-cpu --parts step \
+  --steps 1 --methods ar_lopti --set mmap_threshold_mb=16 --json "$OUT/rl-step-smollm2-m16.json"
+run flops-smollm2 python benchmarks/flops.py --threads "$T" --positions 560 --response 300
 run profile python benchmarks/rl_step.py --threads "$T" --parts profile --methods grpo
 # the two decode steps (transformers' forward vs decode.py), one thread as in the study
 run sampler-speed python benchmarks/sampler_speed.py --threads 1 --repeats 3 --json "$OUT/sampler-speed.json"
