@@ -34,6 +34,9 @@ step     seconds per RL step split into sampling, reward, old log-probs, referen
          optimizer state (restored outside the timed region), so every method samples the
          very same rollouts and the comparison is at equal work; one unmeasured warm-up
          step per method comes first. "Lopti overhead" = AR+Lopti step / GRPO step.
+         Beside each phase: its model FLOP/s against this machine's matmul limit at the
+         phase's shapes, measured in the same run (benchmarks/flops.py), and each step's
+         peak RSS. Under the run's host-memory bounds (host_memory.bound_process_memory).
 memory   peak memory of one RL step without and with gradient checkpointing, each in a
          fresh subprocess: a small warm-up step allocates the gradients and AdamW state,
          the RSS then is the baseline, the kernel's peak-RSS mark is reset (write 5 to
@@ -380,8 +383,9 @@ def phase_flops(S: Setup, cfg, timers: PhaseTimers) -> dict:
     tokens, recomputation not counted): sampling, each no-grad log-prob pass, the update
     (fwd+bwd over the whole batch per optimizer pass: Lopti's two stages x ppo_epochs)."""
     import flops as F
-    s = F.Shapes.of(S.model.config)
-    b = timers.batch
+    s, b = F.Shapes.of(S.model.config), timers.batch
+    if b is None:            # neither pi_old recomputed nor pi_ref: no pass showed the batch
+        return {}
     fwd = F.batch_flops(s, b.attention_mask, b.response_mask, backward=False)["total"]
     passes = cfg.ppo_epochs * (2 if cfg.uses_lopti else 1)
     return {"sampling": F.rollout_flops(s, timers.rollout, cfg.group_size)["total"],
@@ -397,6 +401,8 @@ def phase_limits(S: Setup, timers: PhaseTimers) -> dict:
     import flops as F
     from lopti_minimal import host_memory
     s, cache, mb = F.Shapes.of(S.model.config), {}, S.cfg.micro_batch_size
+    if timers.batch is None:
+        return {}
     host_memory.limit_heap_growth(1 << 30)
     try:
         no_grad = F.pass_limits(s, timers.batch, mb, False, cache)
