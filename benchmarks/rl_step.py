@@ -93,24 +93,12 @@ def machine_info(threads: int) -> dict:
 
 def make_cfg(args, **extra):
     from lopti_minimal.config import make_config
+    from lopti_minimal.experiments.study import parse_set      # --set, as the study reads it
     return make_config(args.preset, model=args.model, prompts_per_step=args.prompts,
                        group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                        micro_batch_size=args.micro_batch_size, threads=args.threads,
                        seed=args.seed, progress=False, plots=False, final_eval=False,
-                       **dict(parse_sets(args.set), **extra))
-
-
-def parse_sets(items) -> dict:
-    """--set FIELD=VALUE (a TrainConfig field; the value as Python reads it, else a string)."""
-    import ast
-    out = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
-    return out
+                       **dict(parse_set(args.set), **extra))
 
 
 class Setup:
