@@ -15,10 +15,20 @@ Design choices:
 4. What a run saves is always a plain Hugging Face checkpoint with the adapters merged
    (`merged_copy`), so eval.py and `--model` load it like any other; the adapter weights
    themselves go into trainer_state.pt (`adapter_state`), for --resume.
+5. An adapter *folder* (`save_adapter`: peft's adapter_config.json + the adapter weights,
+   no base weights) is what a supervised warm start of a pretrained LM ships
+   (experiments/lm_warmstart.py): a few MB instead of the base's hundreds.
+   `load_adapter_folder` loads its base (named in the config, a path relative to the
+   current directory or to the checkout) and merges the adapter into it, so
+   models.load_model_and_tokenizer, and with it train.py and eval.py, take such a folder as
+   --model like any checkpoint.
 """
 from __future__ import annotations
 
 import copy
+import json
+import os
+import shutil
 
 import torch
 
@@ -77,3 +87,66 @@ def adapter_state(model) -> dict:
 
 def load_adapter_state(model, state: dict) -> None:
     _peft().set_peft_model_state_dict(model, state)
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def is_adapter_folder(path) -> bool:
+    """A folder `save_adapter` (or peft's save_pretrained) wrote: adapter config, no model config."""
+    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG)) and \
+        not os.path.isfile(os.path.join(path, "config.json"))
+
+
+def save_adapter(model, out: str, base: str, dtype: torch.dtype = torch.bfloat16,
+                 extra: dict | None = None) -> None:
+    """The adapter of ``model`` (wrapped by `add_lora`) as a folder: adapter_config.json
+    naming ``base`` as given (keep it relative: the folder then works in any checkout), the
+    adapter weights cast to ``dtype`` (bf16 halves the file; what the folder holds is what
+    every later load evaluates), and ``extra`` JSON files. Written to OUT.tmp, then one
+    rename, as runs.save_hf_atomic."""
+    from safetensors.torch import save_file
+    tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    config = model.peft_config["default"].to_dict()
+    config["base_model_name_or_path"] = base
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    with open(os.path.join(tmp, ADAPTER_CONFIG), "w") as f:
+        json.dump(config, f, indent=1, default=str)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in adapter_state(model).items()}
+    save_file(state, os.path.join(tmp, ADAPTER_WEIGHTS))
+    for name, obj in (extra or {}).items():
+        with open(os.path.join(tmp, name), "w") as f:
+            json.dump(obj, f, indent=1, default=str)
+    if os.path.exists(out):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def adapter_base(folder: str) -> str:
+    """The base model an adapter folder names, as a path that exists: as written, else
+    relative to the checkout (paths.CHECKOUT), else as written (a hub id)."""
+    from .paths import CHECKOUT
+    with open(os.path.join(folder, ADAPTER_CONFIG)) as f:
+        base = json.load(f)["base_model_name_or_path"]
+    if os.path.exists(base) or os.path.isabs(base):
+        return base
+    inside = CHECKOUT / base
+    return str(inside) if inside.exists() else base
+
+
+def load_adapter_folder(folder: str, load_base):
+    """(model, tokenizer): ``load_base(source)`` of the folder's base, then the adapter
+    merged in (a plain transformers model: pi_ref of an RL run from it is the merged model,
+    as for any checkpoint). The tokenizer is the base's."""
+    peft = _peft()
+    model, tokenizer = load_base(adapter_base(folder))
+    dtype = next(model.parameters()).dtype
+    model = peft.PeftModel.from_pretrained(model, folder).merge_and_unload()
+    return model.to(dtype).eval(), tokenizer

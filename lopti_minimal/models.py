@@ -211,7 +211,9 @@ def load_model_and_tokenizer(source: str, dtype: torch.dtype | None = None,
                              device: torch.device | str | None = None):
     """Load ``(model, tokenizer)`` from a local HF directory, a ``.gguf`` file or a hub id.
 
-    - directory: must hold ``config.json`` plus weights, and a tokenizer;
+    - directory: must hold ``config.json`` plus weights, and a tokenizer; or a LoRA adapter
+      folder (lora.save_adapter: ``adapter_config.json``, no ``config.json``): its base
+      loaded, the adapter merged in (lora.load_adapter_folder);
     - ``*.gguf``: weights dequantized by transformers (needs the ``gguf`` package);
     - anything else that looks like ``owner/name``: a hub id (needs the network).
 
@@ -228,6 +230,9 @@ def load_model_and_tokenizer(source: str, dtype: torch.dtype | None = None,
         folder, kwargs["gguf_file"] = os.path.split(os.path.abspath(source))
         source = folder
     elif os.path.isdir(source):
+        from .lora import is_adapter_folder, load_adapter_folder
+        if is_adapter_folder(source):
+            return load_adapter_folder(source, lambda base: load_model_and_tokenizer(base, dtype, device))
         if not os.path.isfile(os.path.join(source, "config.json")):
             raise ModelLoadError(f"{source} has no config.json: point at a folder written by "
                                  "save_pretrained (e.g. checkpoints/tiny-warm)")

@@ -1,0 +1,265 @@
+"""Supervised LoRA warm start of a pretrained LM on K&K: a start from which RL can learn.
+
+    python scripts/fetch_smollm2.py                      # models/smollm2-135m-instruct
+    python -m lopti_minimal.experiments.lm_warmstart --out checkpoints/smollm2-kk-sft --threads 2
+    python eval.py --model checkpoints/smollm2-kk-sft --data data/heldout3.jsonl
+    python -m lopti_minimal.experiments.lm_warmstart --resume checkpoints/smollm2-kk-sft
+
+Why: SmolLM2-135M-Instruct writes no format-valid response to the paper's prompt (0 of 160
+sampled, results/smollm2-probe), so every group's rewards are equal, every GRPO advantage
+is 0, and RL cannot start. A short supervised run on generated puzzles gives it the format
+and a first, imperfect skill; RL then has rewards that differ within a group.
+
+Design choices:
+
+1. Prompt: the paper's (the Logic-RL system message through the model's chat template,
+   models.kk_prompt), the very prompt train.py samples from. Target: the K&K generator's
+   own chain of thought (explain.backtracking_explanation: plain English, which a
+   pretrained LM continues more readily than the tiny model's compact trace) and the answer
+   in the reward's format (prompts.target_response), then the model's end-of-turn token.
+2. Only targets that fit the RL run's response budget (``max_response_tokens``, the
+   smollm2-cpu preset's 384) are trained on: the model learns to close its answer within
+   what RL samples. A longer target's puzzle is skipped (SmolLM2's tokens, 3 people: mean
+   245, 95th percentile 404).
+3. LoRA (lora.add_lora: rank r on every projection of every layer, alpha = 2r), the base
+   frozen: what ships is the adapter (rank 8: 2.4M parameters, 4.9 MB in bf16), not the
+   538 MB base. lora.save_adapter writes it with its base named relative to the checkout,
+   and models.load_model_and_tokenizer loads such a folder as that base with the adapter
+   merged, so ``--model OUT`` works in train.py and eval.py like any checkpoint.
+4. Data: warmstart_data.PuzzleStream (the tiny warm start's generator), a batch of one
+   puzzle size drawn uniformly from ``sizes``, the official test sets and every puzzle of
+   ``exclude`` (data/heldout3.jsonl) left out: every evaluation set stays unseen.
+5. Loss and numerics: warmstart.response_loss (mean next-token cross-entropy over the
+   response tokens, right padding without a mask), bf16 autocast on float32 adapters,
+   AdamW, linear warmup then cosine decay to ``min_lr_ratio``, gradient norm clipped at 1.
+6. Nothing lost on interruption: the adapter, the optimizer, the generators and the stream
+   go to OUT.resume every ``state_every_steps`` steps in runs.read_state's plain-data form
+   (resuming runs no code from the file); ``--resume OUT`` goes on exactly where it was.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from ..cli import HelpFormatter, add_options, given, one_line_error, option
+from ..config import parse_sizes
+from ..runs import STATE_FORMAT, StateFileError, machine_info, read_state
+from ..task import kk
+from ..task.prompts import target_response
+from .warmstart import response_loss
+from .warmstart_data import PuzzleStream, collate
+
+
+@dataclass
+class LMWarmStartConfig:
+    """Every option of a run (cli.option: default + help; the command line is generated)."""
+    model: str = option("models/smollm2-135m-instruct", "the pretrained base (a folder, .gguf or hub id)")
+    out: str | None = option(None, "the adapter folder to write (required)", type=str)
+    steps: int = option(300, "optimizer steps")
+    batch_size: int = option(8, "puzzles per optimizer step")
+    lr: float = option(1e-3, "peak AdamW learning rate of the adapters")
+    warmup_steps: int = option(10, "linear warmup steps")
+    min_lr_ratio: float = 0.1        # cosine floor, as a fraction of lr
+    lora_rank: int = option(8, "LoRA rank (lora.add_lora)")
+    sizes: tuple = option((2, 3, 4), "people per training puzzle, e.g. 3 or 2,3,4 (one size per "
+                          "batch, drawn uniformly)", type=parse_sizes)
+    max_response_tokens: int = option(384, "train only on targets of at most this many tokens "
+                                      "(the RL run's response budget)")
+    exclude: str = option("data/heldout3.jsonl", "JSON Lines of puzzles never to train on "
+                          "(the official test sets are always excluded)")
+    seed: int = option(0, "seed of the puzzles, the batches and the adapters' init")
+    threads: int | None = option(None, "torch threads (default: all cores)", type=int)
+    bf16: bool = option(True, "train in float32 (slower on a CPU)", flag="--no-bf16")
+    state_every_steps: int = option(25, "save the training state for --resume every N steps (0: never)")
+    progress: bool = option(True, "no tqdm bar (log files)", flag="--no-progress")
+
+
+def lr_at(step: int, cfg: LMWarmStartConfig) -> float:
+    """Linear warmup, then cosine decay from lr to min_lr_ratio * lr at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    p = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
+
+
+def encode(tokenizer, record: dict) -> tuple[list[int], int]:
+    """(prompt + target + end-of-turn ids, prompt length), tokenized as train.py samples:
+    the prompt as models.encode_prompts encodes it, the target continuing it."""
+    from ..models import adds_bos, kk_prompt
+    p = tokenizer(kk_prompt(record, tokenizer), add_special_tokens=adds_bos(tokenizer))["input_ids"]
+    r = tokenizer(target_response(record, "backtracking"), add_special_tokens=False)["input_ids"]
+    return p + r + [tokenizer.eos_token_id], len(p)
+
+
+def excluded_keys(path: str | None) -> set:
+    """Puzzle keys never to train on: the official test sets and the puzzles in ``path``."""
+    keys = kk.keys_of(kk.load_official())
+    if path:
+        from ..paths import CHECKOUT
+        file = path if os.path.exists(path) else CHECKOUT / path
+        if not os.path.exists(file):
+            raise SystemExit(f"--exclude {path}: no such file (python scripts/heldout_set.py makes "
+                             "data/heldout3.jsonl)")
+        keys |= kk.keys_of(kk.load_jsonl(file))
+    return keys
+
+
+class LMWarmStart:
+    """One run: the model with its adapters, the data, and the state `state` saves."""
+
+    def __init__(self, cfg: LMWarmStartConfig, model, tokenizer, resume: dict | None = None, log=print):
+        from ..lora import add_lora, load_adapter_state
+        self.cfg, self.log, self.tokenizer = cfg, log, tokenizer
+        self.model = add_lora(model, cfg.lora_rank, seed=cfg.seed)
+        self.model.train()
+        self.rng = random.Random(cfg.seed)
+        self.stream = PuzzleStream(cfg.seed, exclude=excluded_keys(cfg.exclude))
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.step, self.skipped, self.history, elapsed = 0, 0, [], 0.0
+        if resume is not None:
+            load_adapter_state(self.model, resume["adapter"])
+            self.opt.load_state_dict(resume["optimizer"])
+            self.rng.setstate(resume["rng"])
+            self.stream.restore(resume["stream"])
+            self.step, self.skipped, self.history = resume["step"], resume["skipped"], resume["history"]
+            elapsed = resume["elapsed"]
+            log(f"[resume] {resume_dir(cfg.out)} at step {self.step}")
+        log(f"[lm-warmstart] {cfg.model}: {sum(p.numel() for p in trainable):,} adapter parameters "
+            f"(rank {cfg.lora_rank}), threads {torch.get_num_threads()}")
+        self.t0 = time.time() - elapsed         # a resumed run's clock counts its first part
+
+    def batch(self) -> tuple:
+        """The next batch: ``batch_size`` puzzles of one size whose target fits the budget."""
+        n = self.rng.choice(self.cfg.sizes)
+        examples = []
+        while len(examples) < self.cfg.batch_size:
+            ids, n_prompt = encode(self.tokenizer, self.stream.next(n))
+            if len(ids) - n_prompt <= self.cfg.max_response_tokens:
+                examples.append((ids, n_prompt))
+            else:
+                self.skipped += 1
+        return collate(examples, self.tokenizer.pad_token_id)
+
+    def train_step(self) -> float:
+        """One optimizer step; its loss, learning rate and the run's clock go to history."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, self.cfg)
+        ids, _, mask = self.batch()
+        loss = response_loss(self.model, ids, mask, self.cfg.bf16)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
+        self.opt.step()
+        self.step += 1
+        self.history.append({"step": self.step, "loss": round(loss.item(), 5),
+                             "lr": self.opt.param_groups[0]["lr"], "seconds": round(time.time() - self.t0, 1)})
+        return loss.item()
+
+    def state(self) -> dict:
+        """What --resume needs, as plain data (runs.read_state's form)."""
+        from ..lora import adapter_state
+        return {"format": STATE_FORMAT, "config": asdict(self.cfg), "adapter": adapter_state(self.model),
+                "optimizer": self.opt.state_dict(), "rng": self.rng.getstate(), "stream": self.stream.state(),
+                "step": self.step, "skipped": self.skipped, "history": self.history,
+                "elapsed": time.time() - self.t0}
+
+    def run(self) -> None:
+        cfg = self.cfg
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress, file=sys.stderr, unit="step")
+        while self.step < cfg.steps:
+            loss = self.train_step()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            if not cfg.progress and self.step % 10 == 0:
+                self.log(f"[step {self.step}] loss {loss:.4f} ({time.time() - self.t0:.0f} s)")
+            if cfg.state_every_steps and self.step % cfg.state_every_steps == 0 and self.step < cfg.steps:
+                save_state(self.state(), cfg.out)
+        bar.close()
+        self.save()
+
+    def save(self) -> None:
+        """The adapter folder, with warmstart.json (the config, the loss curve, the machine)."""
+        from ..lora import save_adapter
+        info = {"config": asdict(self.cfg), "skipped_targets": self.skipped, "history": self.history,
+                "machine": machine_info()}
+        save_adapter(self.model, self.cfg.out, base=self.cfg.model, extra={"warmstart.json": info})
+        shutil.rmtree(resume_dir(self.cfg.out), ignore_errors=True)     # complete: nothing to resume
+        self.log(f"[save] {self.cfg.out} ({self.step} steps, {self.skipped} targets over budget skipped)")
+
+
+STATE_FILE = "state.pt"
+
+
+def resume_dir(out: str) -> str:
+    return out.rstrip("/") + ".resume"
+
+
+def save_state(state: dict, out: str) -> None:
+    """OUT.resume/state.pt, written beside and renamed (a kill never leaves half a file)."""
+    folder = resume_dir(out)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, STATE_FILE + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, os.path.join(folder, STATE_FILE))
+
+
+def load_state(out: str) -> dict:
+    path = os.path.join(resume_dir(out), STATE_FILE)
+    if not os.path.exists(path):
+        raise SystemExit(f"--resume {out}: no saved training state at {path} (a run saves it every "
+                         "--state-every-steps steps and deletes it when it completes)")
+    state = read_state(path, f"delete {resume_dir(out)} and run the original command again")
+    state["config"] = LMWarmStartConfig(**{k: tuple(v) if k == "sizes" else v for k, v in state["config"].items()})
+    return state
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m lopti_minimal.experiments.lm_warmstart",
+                                 description="Supervised LoRA warm start of a pretrained LM on K&K.",
+                                 formatter_class=HelpFormatter)
+    ap.add_argument("--resume", metavar="OUT", default=None,
+                    help="continue the interrupted run that writes OUT from its saved state (its own "
+                         "options apply, except --threads and --no-progress)")
+    add_options(ap.add_argument_group("run options"), LMWarmStartConfig)
+    ap.error = one_line_error
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    cfg = LMWarmStartConfig(**given(a, LMWarmStartConfig))
+    state = None
+    if a.resume:
+        try:
+            state = load_state(a.resume)
+        except StateFileError as e:
+            ap.error(f"cannot resume: {e}")
+        cfg, threads, progress = state["config"], cfg.threads, cfg.progress
+        cfg.out, cfg.threads, cfg.progress = a.resume, threads, progress
+    if not cfg.out:
+        ap.error("--out is required: the adapter folder to write")
+    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.lora_rank < 1:
+        ap.error("--steps, --batch-size and --lora-rank must be >= 1")
+    torch.set_num_threads(cfg.threads or os.cpu_count())
+    torch.manual_seed(cfg.seed)
+    from ..models import load_model_and_tokenizer
+    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=torch.float32, device="cpu")
+    LMWarmStart(cfg, model, tokenizer, resume=state, log=lambda s: print(s, flush=True)).run()
+    print(json.dumps({"out": cfg.out, "steps": cfg.steps}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
