@@ -142,3 +142,19 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         lw.main(["--resume", str(tmp_path / "x")])
     assert e.value.code == 2 and "nothing in it ran" in capsys.readouterr().err
+
+
+def test_init_continues_from_a_saved_adapter(chat_nano_dir, tmp_path):
+    """--init: the run starts from the saved adapter's weights (bf16 as saved, not the
+    fresh init), and refuses an adapter of another rank."""
+    from safetensors.torch import load_file
+    run_steps(small_cfg(chat_nano_dir, tmp_path / "a", steps=2))
+    saved = load_file(tmp_path / "a" / "adapter_model.safetensors")
+    model, tok = load(chat_nano_dir)
+    cont = lw.LMWarmStart(small_cfg(chat_nano_dir, tmp_path / "b", init=str(tmp_path / "a"), seed=1),
+                          model, tok, log=lambda s: None)
+    now = adapter_state(cont.model)
+    assert set(now) == set(saved) and all(torch.equal(now[k], saved[k].float()) for k in saved)
+    assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in saved.items() if "lora_B" in k)
+    with pytest.raises(SystemExit, match="at rank 4, not"):
+        lw.init_adapter(small_cfg(chat_nano_dir, tmp_path / "d", init=str(tmp_path / "a"), lora_rank=8))

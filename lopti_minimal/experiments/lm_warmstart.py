@@ -65,6 +65,8 @@ class LMWarmStartConfig:
     """Every option of a run (cli.option: default + help; the command line is generated)."""
     model: str = option("models/smollm2-135m-instruct", "the pretrained base (a folder, .gguf or hub id)")
     out: str | None = option(None, "the adapter folder to write (required)", type=str)
+    init: str | None = option(None, "start from this adapter folder (one of --model's) instead of "
+                              "fresh adapters: more supervised training, with a fresh schedule", type=str)
     steps: int = option(300, "optimizer steps")
     batch_size: int = option(8, "puzzles per optimizer step")
     lr: float = option(1e-3, "peak AdamW learning rate of the adapters")
@@ -114,6 +116,21 @@ def excluded_keys(path: str | None) -> set:
     return keys
 
 
+def init_adapter(cfg: LMWarmStartConfig) -> dict:
+    """The adapter weights of cfg.init (float32), after checking that it adapts cfg.model
+    with cfg.lora_rank: any other adapter would load into the wrong weights or fail."""
+    from safetensors.torch import load_file
+    from ..lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_base, is_adapter_folder
+    if not is_adapter_folder(cfg.init):
+        raise SystemExit(f"--init {cfg.init}: not an adapter folder (no {ADAPTER_CONFIG})")
+    with open(os.path.join(cfg.init, ADAPTER_CONFIG)) as f:
+        rank = json.load(f)["r"]
+    if os.path.realpath(adapter_base(cfg.init)) != os.path.realpath(cfg.model) or rank != cfg.lora_rank:
+        raise SystemExit(f"--init {cfg.init} adapts {adapter_base(cfg.init)} at rank {rank}, not "
+                         f"--model {cfg.model} at --lora-rank {cfg.lora_rank}")
+    return {k: v.float() for k, v in load_file(os.path.join(cfg.init, ADAPTER_WEIGHTS)).items()}
+
+
 class LMWarmStart:
     """One run: the model with its adapters, the data, and the state `state` saves."""
 
@@ -121,6 +138,8 @@ class LMWarmStart:
         from ..lora import add_lora, load_adapter_state
         self.cfg, self.log, self.tokenizer = cfg, log, tokenizer
         self.model = add_lora(model, cfg.lora_rank, seed=cfg.seed)
+        if cfg.init and resume is None:
+            load_adapter_state(self.model, init_adapter(cfg))
         self.model.train()
         self.rng = random.Random(cfg.seed)
         self.stream = PuzzleStream(cfg.seed, exclude=excluded_keys(cfg.exclude))
