@@ -110,9 +110,13 @@ def save_adapter(model, out: str, base: str, dtype: torch.dtype = torch.bfloat16
     tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    config = model.peft_config["default"].to_dict()
-    config["base_model_name_or_path"] = base
-    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    # Only the fields add_lora sets (and peft's own two): a config that every peft the
+    # requirements admit reads, whatever version wrote it (a newer peft's full dump names
+    # fields an older one refuses).
+    full = model.peft_config["default"]
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
+              "r": full.r, "lora_alpha": full.lora_alpha, "lora_dropout": full.lora_dropout,
+              "bias": full.bias, "target_modules": sorted(full.target_modules)}
     with open(os.path.join(tmp, ADAPTER_CONFIG), "w") as f:
         json.dump(config, f, indent=1, default=str)
     state = {k: v.detach().to(dtype).contiguous() for k, v in adapter_state(model).items()}
@@ -145,8 +149,16 @@ def load_adapter_folder(folder: str, load_base):
     """(model, tokenizer): ``load_base(source)`` of the folder's base, then the adapter
     merged in (a plain transformers model: pi_ref of an RL run from it is the merged model,
     as for any checkpoint). The tokenizer is the base's."""
+    import dataclasses
+
+    from safetensors.torch import load_file
     peft = _peft()
     model, tokenizer = load_base(adapter_base(folder))
     dtype = next(model.parameters()).dtype
-    model = peft.PeftModel.from_pretrained(model, folder).merge_and_unload()
-    return model.to(dtype).eval(), tokenizer
+    with open(os.path.join(folder, ADAPTER_CONFIG)) as f:
+        saved = json.load(f)
+    known = {f.name for f in dataclasses.fields(peft.LoraConfig)}     # this peft's fields
+    config = peft.LoraConfig(**{k: v for k, v in saved.items() if k in known and k != "peft_type"})
+    model = peft.get_peft_model(model, config)
+    load_adapter_state(model, load_file(os.path.join(folder, ADAPTER_WEIGHTS)))
+    return model.merge_and_unload().to(dtype).eval(), tokenizer

@@ -59,3 +59,25 @@ def test_gguf_loads_through_the_same_loader_with_the_same_weights(smollm2_dir):
     ids = tok_b(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(a(ids).logits, b(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_shipped_adapter_answers_in_the_rewards_format(smollm2_dir):
+    """checkpoints/smollm2-kk-sft (experiments/lm_warmstart.py: a 4.9 MB LoRA adapter)
+    loads as SmolLM2 with the adapter merged, and where SmolLM2 alone writes no
+    format-valid response (results/smollm2-probe), it answers in the reward's format:
+    the chain of thought, </think>, then one role per person (greedy, 3 held-out puzzles;
+    400 of 400 format-valid in results/smollm2-sft/)."""
+    import pytest
+    pytest.importorskip("peft")
+    from lopti_minimal.task.evaluate import read_records
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    model, tok = load_model_and_tokenizer(os.path.join(root, "checkpoints", "smollm2-kk-sft"), device="cpu")
+    records = read_records(os.path.join(root, "data", "heldout3.jsonl"))[:3]
+    ids = [tok(kk_prompt(r, tok), add_special_tokens=False)["input_ids"] for r in records]
+    roll = sample_groups(model, ids, group_size=1, max_new_tokens=384, greedy=True,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    for b, r in enumerate(records):
+        n = int(roll.response_mask[b].sum())
+        text = tok.decode(roll.response_ids[b, :n].tolist(), skip_special_tokens=True)
+        assert text.lstrip().startswith("Let's think step by step")
+        assert reward.score_response(text, r).format_ok, text
