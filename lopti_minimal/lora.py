@@ -107,7 +107,7 @@ def save_adapter(model, out: str, base: str, dtype: torch.dtype = torch.bfloat16
     every later load evaluates), and ``extra`` JSON files. Written to OUT.tmp, then one
     rename, as runs.save_hf_atomic."""
     from safetensors.torch import save_file
-    tmp, old = out.rstrip("/") + ".tmp", out.rstrip("/") + ".old"
+    tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     # Only the fields add_lora sets (and peft's own two): a config that every peft the
@@ -124,13 +124,8 @@ def save_adapter(model, out: str, base: str, dtype: torch.dtype = torch.bfloat16
     for name, obj in (extra or {}).items():
         with open(os.path.join(tmp, name), "w") as f:
             json.dump(obj, f, indent=1, default=str)
-    if os.path.exists(out):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+    from .runs import swap_in
+    swap_in(tmp, out)
 
 
 def adapter_base(folder: str) -> str:

@@ -191,7 +191,14 @@ def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torc
                 json.dump(obj, f, indent=1, default=str)
         else:
             torch.save(obj, tmp / name)
-    if out.exists():                      # "final" or a warm start is replaced
+    swap_in(tmp, out)                     # "final" or a warm start is replaced
+
+
+def swap_in(tmp, out) -> None:
+    """Put the complete folder ``tmp`` at ``out``, replacing what is there with renames
+    only: an interruption leaves the old folder or the new one (or out.old, never half)."""
+    tmp, out = Path(tmp), Path(out)
+    if out.exists():
         old = out.with_name(out.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
