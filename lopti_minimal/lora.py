@@ -124,7 +124,7 @@ def save_adapter(model, out: str, base: str, dtype: torch.dtype = torch.bfloat16
     for name, obj in (extra or {}).items():
         with open(os.path.join(tmp, name), "w") as f:
             json.dump(obj, f, indent=1, default=str)
-    from .runs import swap_in
+    from .paths import swap_in
     swap_in(tmp, out)
 
 

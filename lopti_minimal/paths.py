@@ -15,6 +15,7 @@ Design choices:
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -54,3 +55,17 @@ def resolve_model(src: str) -> str:
     if key in SHIPPED and not in_checkout() and SHIPPED[key].exists():
         return str(SHIPPED[key])
     return src
+
+
+def swap_in(tmp, out) -> None:
+    """Put the complete folder ``tmp`` at ``out``, replacing what is there with renames
+    only: an interruption leaves the old folder or the new one (or out.old, never half)."""
+    tmp, out = Path(tmp), Path(out)
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)

@@ -39,7 +39,7 @@ import torch
 
 from .config import TrainConfig
 from .lora import adapter_state, is_lora, merged_copy
-from .paths import work_root
+from .paths import swap_in, work_root
 
 RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
 RUNS_ROOT = work_root() / "runs"        # the repository's runs/, or ./runs of an installed copy
@@ -192,20 +192,6 @@ def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torc
         else:
             torch.save(obj, tmp / name)
     swap_in(tmp, out)                     # "final" or a warm start is replaced
-
-
-def swap_in(tmp, out) -> None:
-    """Put the complete folder ``tmp`` at ``out``, replacing what is there with renames
-    only: an interruption leaves the old folder or the new one (or out.old, never half)."""
-    tmp, out = Path(tmp), Path(out)
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
 
 
 # The "format" entry of every state file (choice 3). Files of the first format carry no
