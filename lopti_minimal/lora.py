@@ -129,15 +129,11 @@ def save_adapter(model, out: str, base: str, dtype: torch.dtype = torch.bfloat16
 
 
 def adapter_base(folder: str) -> str:
-    """The base model an adapter folder names, as a path that exists: as written, else
-    relative to the checkout (paths.CHECKOUT), else as written (a hub id)."""
-    from .paths import CHECKOUT
+    """The base model an adapter folder names, resolved as any --model is
+    (paths.resolve_model: as written, else relative to the checkout, else a hub id)."""
+    from .paths import resolve_model
     with open(os.path.join(folder, ADAPTER_CONFIG)) as f:
-        base = json.load(f)["base_model_name_or_path"]
-    if os.path.exists(base) or os.path.isabs(base):
-        return base
-    inside = CHECKOUT / base
-    return str(inside) if inside.exists() else base
+        return resolve_model(json.load(f)["base_model_name_or_path"])
 
 
 def load_adapter_folder(folder: str, load_base):

@@ -107,8 +107,8 @@ def excluded_keys(path: str | None) -> set:
     """Puzzle keys never to train on: the official test sets and the puzzles in ``path``."""
     keys = kk.keys_of(kk.load_official())
     if path:
-        from ..paths import CHECKOUT
-        file = path if os.path.exists(path) else CHECKOUT / path
+        from ..paths import resolve_model      # as written, else relative to the checkout
+        file = resolve_model(path)
         if not os.path.exists(file):
             raise SystemExit(f"--exclude {path}: no such file (python scripts/heldout_set.py makes "
                              "data/heldout3.jsonl)")
