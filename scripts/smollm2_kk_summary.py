@@ -1,0 +1,149 @@
+"""RL on SmolLM2-135M-Instruct against its start and against more supervised training: the
+table and figure of ``scripts/smollm2_kk_rl.sh``'s folder (docs/TASK_AND_MODELS.md).
+
+    python scripts/smollm2_kk_summary.py OUT                 # OUT/summary.md, OUT/smollm2-kk-rl.png
+    python scripts/smollm2_kk_summary.py --control-steps RUN START   # prints N (below)
+
+OUT holds ``start/`` (the start's evaluations), ``rl-s<S>/`` (an RL run's files: metrics.jsonl,
+eval_before.json, eval_final.json, and eval_heldout3.json of its final policy) and
+``sft-s<S>/`` (the supervised control's warmstart.json and evaluations).
+
+Design choices:
+
+1. **Paired by puzzle.** Every policy is evaluated greedily on the same 400 held-out 3-person
+   puzzles (``data/heldout3.jsonl``, eval.py ``--save-responses``), so a difference of two
+   accuracies is the mean of per-puzzle differences (each -1, 0 or +1) with its 95% t
+   interval (experiments.stats.paired_diff, the puzzles in place of seeds). It measures the
+   change of *this* policy on *these* puzzles; the seeds say how much a run varies.
+2. **The control's budget is wall time** (what a laptop user spends): N supervised steps =
+   the RL run's summed step time / the start's own seconds per supervised step (its
+   warmstart.json), both measured on the same machine and threads. Evaluation time is not
+   training time and is left out of both.
+3. **Greedy accuracy is the measure**; the reward curve (sampled responses at T 0.7, the RL
+   run's own metrics) is drawn beside it, not compared: its puzzles differ per step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lopti_minimal.experiments.stats import paired_diff  # noqa: E402
+from lopti_minimal.plots import moving_average  # noqa: E402
+
+HELDOUT = "eval_heldout3.json"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def control_steps(run_dir, start_dir) -> int:
+    """Supervised steps that take as long as the RL run's steps took (design choice 2)."""
+    rl_seconds = sum(m["step_s"] for m in _jsonl(Path(run_dir) / "metrics.jsonl"))
+    history = json.loads((Path(start_dir) / "warmstart.json").read_text())["history"]
+    per_step = history[-1]["seconds"] / history[-1]["step"]
+    return max(1, round(rl_seconds / per_step))
+
+
+def correct_by_puzzle(folder) -> dict[int, float] | None:
+    """{puzzle index: 1.0 if the greedy response was right} from eval.py's saved responses."""
+    path = Path(folder) / HELDOUT.replace(".json", ".responses.jsonl")
+    if not path.exists():
+        return None
+    return {int(r["index"]): float(bool(r["correct"])) for r in _jsonl(path)}
+
+
+def _overall(folder, name: str) -> dict | None:
+    path = Path(folder) / name
+    return json.loads(path.read_text())["overall"] if path.exists() else None
+
+
+def rows(out) -> list[dict]:
+    """One row per policy: the start, each RL run, each supervised control."""
+    out = Path(out)
+    start = correct_by_puzzle(out / "start")
+    found = [("start", out / "start")] + [(p.name, p) for p in sorted(out.glob("rl-s*"))] + \
+            [(p.name, p) for p in sorted(out.glob("sft-s*"))]
+    table = []
+    for name, folder in found:
+        held, mine = _overall(folder, HELDOUT), correct_by_puzzle(folder)
+        official = _overall(folder, "eval_final.json") or _overall(folder, "eval_official3.json")
+        row = {"name": name, "heldout": held and held["accuracy"], "format_error": held and held["format_error"],
+               "official": official and official["accuracy"], "vs_start": None}
+        if name != "start" and mine and start:
+            row["vs_start"] = paired_diff(mine, start)
+        if (folder / "metrics.jsonl").exists():
+            row["metrics"] = _jsonl(folder / "metrics.jsonl")
+        table.append(row)
+    return table
+
+
+def _f(v, fmt="{:.3f}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def markdown(table: list[dict]) -> str:
+    lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] | format errors | "
+             "official 3-person (100) | RL steps | mean reward: first 5 -> last 5 steps |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table:
+        d = r["vs_start"]
+        diff = f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""
+        ms = r.get("metrics") or []
+        reward = (f"{sum(m['reward'] for m in ms[:5]) / len(ms[:5]):+.3f} -> "
+                  f"{sum(m['reward'] for m in ms[-5:]) / len(ms[-5:]):+.3f}") if ms else ""
+        lines.append(f"| {r['name']} | {_f(r['heldout'])} | {diff} | {_f(r['format_error'])} | "
+                     f"{_f(r['official'])} | {len(ms) or ''} | {reward} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(table: list[dict], path) -> str:
+    """Left: the RL runs' mean reward per step (moving average over 5 steps); right: held-out
+    greedy accuracy of every policy with its binomial 95% half-width."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for r in table:
+        if r.get("metrics"):
+            steps = [m["step"] for m in r["metrics"]]
+            reward = [m["reward"] for m in r["metrics"]]
+            line, = a.plot(steps, reward, alpha=0.3)
+            a.plot(steps, moving_average(reward, 5), color=line.get_color(), lw=2, label=r["name"])
+    a.set(xlabel="RL step", ylabel="mean reward of the step's samples", title="RL from the supervised start")
+    a.legend()
+    have = [r for r in table if r["heldout"] is not None]
+    acc = [r["heldout"] for r in have]
+    half = [1.96 * (p * (1 - p) / 400) ** 0.5 for p in acc]
+    b.bar(range(len(have)), acc, yerr=half, color=["gray" if r["name"] == "start" else
+                                                  "tab:red" if r["name"].startswith("rl") else "tab:blue" for r in have])
+    b.set_xticks(range(len(have)), [r["name"] for r in have])
+    b.set(ylabel="greedy accuracy", title="400 held-out 3-person puzzles")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", nargs="?", help="the folder scripts/smollm2_kk_rl.sh writes")
+    ap.add_argument("--control-steps", nargs=2, metavar=("RUN", "START"),
+                    help="print the supervised steps matching RUN's RL wall time")
+    a = ap.parse_args(argv)
+    if a.control_steps:
+        print(control_steps(*a.control_steps))
+        return 0
+    if not a.out:
+        ap.error("give OUT or --control-steps")
+    table = rows(a.out)
+    (Path(a.out) / "summary.md").write_text(markdown(table))
+    print(markdown(table) + figure(table, Path(a.out) / "smollm2-kk-rl.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
