@@ -48,6 +48,7 @@ for s in $SEEDS; do
       python -m lopti_minimal.experiments.lm_warmstart --resume "$sft" --threads "$THREADS" --no-progress
     else
       n=$(python scripts/smollm2_kk_summary.py --control-steps "$run" "$START")
+      # seed s + 1: puzzles other than the start's own (it was trained at seed 0)
       python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) \
         --out "$sft" --threads "$THREADS" --no-progress
     fi

@@ -72,6 +72,7 @@ def rows(out) -> list[dict]:
         held, mine = _overall(folder, HELDOUT), correct_by_puzzle(folder)
         official = _overall(folder, "eval_final.json") or _overall(folder, "eval_official3.json")
         row = {"name": name, "heldout": held and held["accuracy"], "format_error": held and held["format_error"],
+               "n": len(mine) if mine else None,
                "official": official and official["accuracy"], "vs_start": None}
         if name != "start" and mine and start:
             row["vs_start"] = paired_diff(mine, start)
@@ -117,7 +118,7 @@ def figure(table: list[dict], path) -> str:
     a.legend()
     have = [r for r in table if r["heldout"] is not None]
     acc = [r["heldout"] for r in have]
-    half = [1.96 * (p * (1 - p) / 400) ** 0.5 for p in acc]
+    half = [1.96 * (r["heldout"] * (1 - r["heldout"]) / r["n"]) ** 0.5 if r["n"] else 0 for r in have]
     b.bar(range(len(have)), acc, yerr=half, color=["gray" if r["name"] == "start" else
                                                   "tab:red" if r["name"].startswith("rl") else "tab:blue" for r in have])
     b.set_xticks(range(len(have)), [r["name"] for r in have])
