@@ -32,17 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lopti_minimal.experiments.stats import paired_diff  # noqa: E402
 from lopti_minimal.plots import moving_average  # noqa: E402
+from lopti_minimal.task.kk import load_jsonl  # noqa: E402
 
 HELDOUT = "eval_heldout3.json"
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
 def control_steps(run_dir, start_dir) -> int:
     """Supervised steps that take as long as the RL run's steps took (design choice 2)."""
-    rl_seconds = sum(m["step_s"] for m in _jsonl(Path(run_dir) / "metrics.jsonl"))
+    rl_seconds = sum(m["step_s"] for m in load_jsonl(Path(run_dir) / "metrics.jsonl"))
     history = json.loads((Path(start_dir) / "warmstart.json").read_text())["history"]
     per_step = history[-1]["seconds"] / history[-1]["step"]
     return max(1, round(rl_seconds / per_step))
@@ -53,7 +50,7 @@ def correct_by_puzzle(folder) -> dict[int, float] | None:
     path = Path(folder) / HELDOUT.replace(".json", ".responses.jsonl")
     if not path.exists():
         return None
-    return {int(r["index"]): float(bool(r["correct"])) for r in _jsonl(path)}
+    return {int(r["index"]): float(bool(r["correct"])) for r in load_jsonl(path)}
 
 
 def _overall(folder, name: str) -> dict | None:
@@ -77,13 +74,13 @@ def rows(out) -> list[dict]:
         if name != "start" and mine and start:
             row["vs_start"] = paired_diff(mine, start)
         if (folder / "metrics.jsonl").exists():
-            row["metrics"] = _jsonl(folder / "metrics.jsonl")
+            row["metrics"] = load_jsonl(folder / "metrics.jsonl")
         table.append(row)
     return table
 
 
-def _f(v, fmt="{:.3f}") -> str:
-    return "" if v is None else fmt.format(v)
+def _f(v) -> str:
+    return "" if v is None else f"{v:.3f}"
 
 
 def markdown(table: list[dict]) -> str:

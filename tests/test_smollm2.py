@@ -5,7 +5,9 @@ log-probs; its GGUF original loads through the same loader with the same weights
 import os
 import time
 
+import pytest
 import torch
+from conftest import ROOT
 
 from lopti_minimal.batch import position_ids_from_mask
 from lopti_minimal.models import is_instruct, kk_prompt, load_model_and_tokenizer
@@ -67,12 +69,10 @@ def test_shipped_adapter_answers_in_the_rewards_format(smollm2_dir):
     format-valid response (results/smollm2-probe), it answers in the reward's format:
     the chain of thought, </think>, then one role per person (greedy, 3 held-out puzzles;
     400 of 400 format-valid in results/smollm2-sft/)."""
-    import pytest
     pytest.importorskip("peft")
     from lopti_minimal.task.evaluate import read_records
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    model, tok = load_model_and_tokenizer(os.path.join(root, "checkpoints", "smollm2-kk-sft"), device="cpu")
-    records = read_records(os.path.join(root, "data", "heldout3.jsonl"))[:3]
+    model, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / "smollm2-kk-sft"), device="cpu")
+    records = read_records(str(ROOT / "data" / "heldout3.jsonl"))[:3]
     ids = [tok(kk_prompt(r, tok), add_special_tokens=False)["input_ids"] for r in records]
     roll = sample_groups(model, ids, group_size=1, max_new_tokens=384, greedy=True,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
