@@ -19,11 +19,7 @@ import numpy as np
 # matplotlib state (a notebook keeps its inline backend; a server needs no display).
 from matplotlib.figure import Figure
 
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+from .runs import read_jsonl
 
 
 def moving_average(x, k: int):
@@ -121,10 +117,10 @@ def plot_run(run_dir) -> list[str]:
     """All plots of a run directory (runs.py layout); returns the files written."""
     run_dir = Path(run_dir)
     out = []
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     if metrics:
         out.append(plot_training(metrics, run_dir / "training.png"))
-    evals = _read_jsonl(run_dir / "evals.jsonl")
+    evals = read_jsonl(run_dir / "evals.jsonl")
     if len(evals) > 1:
         out.append(plot_eval_curve(evals, run_dir / "eval_curve.png"))
     reports = {}

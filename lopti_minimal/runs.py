@@ -278,6 +278,22 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
     os.replace(tmp, path)
 
 
+def read_jsonl(path) -> list[dict]:
+    """A log that append_jsonl writes (metrics.jsonl, evals.jsonl, study_log.jsonl): its
+    objects in order; [] before the first line, and a half-written last line (a process
+    killed mid-write) left out, as truncate_jsonl leaves it out on --resume."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
 def append_jsonl(path: Path, obj: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(obj) + "\n")

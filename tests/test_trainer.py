@@ -138,6 +138,16 @@ def test_step_prompts_cover_each_epoch_and_depend_only_on_seed_and_step():
 
 # ----------------------------------------------------------------------------- rollouts
 
+def test_a_log_is_read_back_without_a_half_written_last_line(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    assert runs.read_jsonl(log) == []                               # nothing logged yet
+    runs.append_jsonl(log, {"step": 1, "reward": 0.5})
+    runs.append_jsonl(log, {"step": 2, "reward": 1.0})
+    with open(log, "a") as f:                                       # killed mid-write
+        f.write('{"step": 3, "rew')
+    assert runs.read_jsonl(log) == [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 1.0}]
+
+
 def test_concat_rollouts_keeps_the_layout():
     from lopti_minimal.batch import Rollout, concat_rollouts
 

@@ -20,23 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import runs
+from ..runs import read_jsonl
 from .grid import (GRID_PAIRS, GRIDS, GRPO, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, Variant,
                    config_diff, portable, setting_key, warm_start_eval_path)
 from .mechanism_report import MECH_KEYS, run_scalars
 from .mechanism_report import curves as mechanism_curves
 from .stats import mean_ci, paired_diff, t975
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
 
 
 def _size_mean(report: dict, key: str, sizes=None) -> float:
@@ -51,7 +40,7 @@ def read_run(run_dir) -> dict:
     cfg = runs.saved_config(run_dir)
     ev = json.loads((run_dir / "eval_final.json").read_text())
     acc = {int(n): float(v["accuracy"]) for n, v in ev["per_size"].items()}
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     hfile = run_dir / HELDOUT_FILE
     hev = json.loads(hfile.read_text()) if hfile.exists() else None
     tfile = run_dir / "study_time.json"
@@ -253,7 +242,7 @@ def aggregate(out, window: int = 5) -> dict:
         by_preset.setdefault(r["preset"], []).append(r)
     study = json.loads((out / "study.json").read_text()) if (out / "study.json").exists() else {"presets": {}}
     res = {"out": portable(str(out.resolve())), "presets": {}, "unfinished": [portable(str(Path(d).resolve())) for d in unfinished],
-           "invocations": _read_jsonl(out / "study_log.jsonl"), "window": window}
+           "invocations": read_jsonl(out / "study_log.jsonl"), "window": window}
     for preset, rs in sorted(by_preset.items()):
         # The setting all runs must share: the one of the GRPO runs, else the commonest.
         keys = Counter(r["setting"] for r in rs if r["variant"] == GRPO) or Counter(r["setting"] for r in rs)
