@@ -21,20 +21,29 @@ Design choices:
    training time and is left out of both.
 3. **Greedy accuracy is the measure**; the reward curve (sampled responses at T 0.7, the RL
    run's own metrics) is drawn beside it, not compared: its puzzles differ per step.
+4. **Accuracy beside the answer prior.** A policy that gives every puzzle the same answer
+   scores the share of the set's puzzles with that solution: 0.325 for "all knights" on
+   data/heldout3.jsonl (its puzzles are those the generator draws rarely), 0.17 on the
+   official 3-person set. So each policy's row also gives the share of its greedy answers
+   that are its commonest assignment, and its accuracy on the puzzles whose solution is
+   *not* the set's commonest (where "all knights" on heldout3 scores 0).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lopti_minimal.experiments.stats import paired_diff  # noqa: E402
 from lopti_minimal.plots import moving_average  # noqa: E402
 from lopti_minimal.task.kk import load_jsonl  # noqa: E402
+from lopti_minimal.task.reward import score_response  # noqa: E402
 
 HELDOUT = "eval_heldout3.json"
+HELDOUT_SET = "data/heldout3.jsonl"
 
 
 def control_steps(run_dir, start_dir) -> int:
@@ -53,14 +62,47 @@ def correct_by_puzzle(folder) -> dict[int, float] | None:
     return {int(r["index"]): float(bool(r["correct"])) for r in load_jsonl(path)}
 
 
+def assignment(record: dict) -> tuple:
+    """A puzzle's solution as a tuple of roles in the order of its names (True = knight)."""
+    return tuple(bool(x) for x in record["solution"])
+
+
+def answer_prior(folder, puzzles: dict[int, dict]) -> dict | None:
+    """Design choice 4, from a policy's saved greedy responses: ``same_answer`` = the share
+    of its responses that give its commonest role assignment (unparsed ones count as
+    distinct), ``rest`` = its accuracy on the puzzles whose solution is not the set's
+    commonest, and ``rest_n`` = how many those are."""
+    path = Path(folder) / HELDOUT.replace(".json", ".responses.jsonl")
+    if not path.exists():
+        return None
+    commonest = Counter(assignment(p) for p in puzzles.values()).most_common(1)[0][0]
+    given, rest = Counter(), []
+    for r in load_jsonl(path):
+        puzzle = puzzles[int(r["index"])]
+        roles = score_response(r["response"], puzzle).parsed_roles
+        given[tuple(roles[n] for n in puzzle["names"]) if roles else ("unparsed", r["index"])] += 1
+        if assignment(puzzle) != commonest:
+            rest.append(float(bool(r["correct"])))
+    return {"same_answer": given.most_common(1)[0][1] / sum(given.values()),
+            "rest": sum(rest) / len(rest) if rest else None, "rest_n": len(rest)}
+
+
+def constant_answer_score(puzzles: dict[int, dict]) -> float:
+    """The best score of a policy that always gives the same answer: the share of the
+    commonest solution."""
+    counts = Counter(assignment(p) for p in puzzles.values())
+    return counts.most_common(1)[0][1] / len(puzzles)
+
+
 def _overall(folder, name: str) -> dict | None:
     path = Path(folder) / name
     return json.loads(path.read_text())["overall"] if path.exists() else None
 
 
-def rows(out) -> list[dict]:
+def rows(out, heldout_set=HELDOUT_SET) -> list[dict]:
     """One row per policy: the start, each RL run, each supervised control."""
     out = Path(out)
+    puzzles = {int(p["index"]): p for p in load_jsonl(heldout_set)}
     start = correct_by_puzzle(out / "start")
     found = [("start", out / "start")] + [(p.name, p) for p in sorted(out.glob("rl-s*"))] + \
             [(p.name, p) for p in sorted(out.glob("sft-s*"))]
@@ -70,7 +112,8 @@ def rows(out) -> list[dict]:
         official = _overall(folder, "eval_final.json") or _overall(folder, "eval_official3.json")
         row = {"name": name, "heldout": held and held["accuracy"], "format_error": held and held["format_error"],
                "n": len(mine) if mine else None,
-               "official": official and official["accuracy"], "vs_start": None}
+               "official": official and official["accuracy"], "vs_start": None,
+               "prior": answer_prior(folder, puzzles)}
         if name != "start" and mine and start:
             row["vs_start"] = paired_diff(mine, start)
         if (folder / "metrics.jsonl").exists():
@@ -85,15 +128,19 @@ def _f(v) -> str:
 
 def markdown(table: list[dict]) -> str:
     lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] | format errors | "
+             "same answer | held-out, solution not the commonest | "
              "official 3-person (100) | RL steps | mean reward: first 5 -> last 5 steps |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         d = r["vs_start"]
         diff = f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""
         ms = r.get("metrics") or []
         reward = (f"{sum(m['reward'] for m in ms[:5]) / len(ms[:5]):+.3f} -> "
                   f"{sum(m['reward'] for m in ms[-5:]) / len(ms[-5:]):+.3f}") if ms else ""
+        prior = r.get("prior") or {}
+        rest = f"{_f(prior.get('rest'))} (of {prior['rest_n']})" if prior.get("rest_n") else ""
         lines.append(f"| {r['name']} | {_f(r['heldout'])} | {diff} | {_f(r['format_error'])} | "
+                     f"{_f(prior.get('same_answer'))} | {rest} | "
                      f"{_f(r['official'])} | {len(ms) or ''} | {reward} |")
     return "\n".join(lines) + "\n"
 
@@ -129,6 +176,7 @@ def figure(table: list[dict], path) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", help="the folder scripts/smollm2_kk_rl.sh writes")
+    ap.add_argument("--heldout", default=HELDOUT_SET, help="the held-out set the policies were evaluated on")
     ap.add_argument("--control-steps", nargs=2, metavar=("RUN", "START"),
                     help="print the supervised steps matching RUN's RL wall time")
     a = ap.parse_args(argv)
@@ -137,9 +185,12 @@ def main(argv=None) -> int:
         return 0
     if not a.out:
         ap.error("give OUT or --control-steps")
-    table = rows(a.out)
-    (Path(a.out) / "summary.md").write_text(markdown(table))
-    print(markdown(table) + figure(table, Path(a.out) / "smollm2-kk-rl.png"))
+    table = rows(a.out, a.heldout)
+    puzzles = {int(p["index"]): p for p in load_jsonl(a.heldout)}
+    text = markdown(table) + (f"\nA constant answer scores at most {constant_answer_score(puzzles):.3f} on the "
+                              f"held-out set (its commonest solution's share).\n")
+    (Path(a.out) / "summary.md").write_text(text)
+    print(text + figure(table, Path(a.out) / "smollm2-kk-rl.png"))
     return 0
 
 

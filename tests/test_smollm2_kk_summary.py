@@ -12,14 +12,30 @@ from conftest import load_script
 summary = load_script("scripts/smollm2_kk_summary.py")
 
 
-def _write_eval(folder, correct: list[bool], format_error: float = 0.0):
+NAMES = ["Ava", "Ben", "Cy"]
+
+
+def _puzzles(path, solutions: list[tuple]) -> str:
+    """A synthetic held-out set: only the fields the summary reads."""
+    path.write_text("".join(json.dumps({"index": i, "names": NAMES, "solution": list(sol),
+                                        "solution_text_format": _answer(sol)}) + "\n"
+                            for i, sol in enumerate(solutions)))
+    return str(path)
+
+
+def _answer(roles: tuple) -> str:
+    return "\n".join(f"({k + 1}) {n} is a {'knight' if r else 'knave'}" for k, (n, r) in enumerate(zip(NAMES, roles)))
+
+
+def _write_eval(folder, correct: list[bool], format_error: float = 0.0, answers: list[tuple] | None = None):
     folder.mkdir(parents=True, exist_ok=True)
     acc = sum(correct) / len(correct)
     (folder / "eval_heldout3.json").write_text(json.dumps(
         {"overall": {"accuracy": acc, "format_error": format_error}}))
+    text = [f" x </think>\n<answer> {_answer(a)} </answer>" if answers else "" for a in (answers or correct)]
     (folder / "eval_heldout3.responses.jsonl").write_text("".join(
-        json.dumps({"n_people": 3, "index": i, "response": "", "reward": 3.0 if c else -0.5, "correct": c}) + "\n"
-        for i, c in enumerate(correct)))
+        json.dumps({"n_people": 3, "index": i, "response": t, "reward": 3.0 if c else -0.5, "correct": c}) + "\n"
+        for i, (c, t) in enumerate(zip(correct, text))))
 
 
 def test_control_steps_match_the_rl_wall_time(tmp_path):
@@ -38,7 +54,8 @@ def test_differences_pair_by_puzzle(tmp_path):
     rl = [True, False, True, True, True, False, False, False, False, False]
     _write_eval(tmp_path / "start", start)
     _write_eval(tmp_path / "rl-s0", rl)
-    rows = {r["name"]: r for r in summary.rows(tmp_path)}
+    heldout = _puzzles(tmp_path / "set.jsonl", [(True, True, True)] * 10)
+    rows = {r["name"]: r for r in summary.rows(tmp_path, heldout)}
     d = rows["rl-s0"]["vs_start"]
     assert rows["start"]["vs_start"] is None
     assert d["n"] == 10 and d["mean"] == pytest.approx(0.2)
@@ -49,3 +66,21 @@ def test_differences_pair_by_puzzle(tmp_path):
     assert "| rl-s0 | 0.400 | +0.200 [" in text
     summary.figure(list(rows.values()), tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_a_constant_answer_shows_as_the_answer_prior(tmp_path):
+    """A policy that answers "all knights" everywhere is right exactly on the all-knight
+    puzzles: its accuracy equals the constant-answer score, every answer is the same one,
+    and it gets none of the other puzzles; a policy that gives each puzzle its solution
+    gets them all."""
+    knights, other = (True, True, True), (True, False, True)
+    solutions = [knights] * 3 + [other] * 2 + [(False, False, True)] * 2 + [(False, True, False)]
+    heldout = _puzzles(tmp_path / "set.jsonl", solutions)
+    _write_eval(tmp_path / "start", [True] * 8, answers=solutions)
+    _write_eval(tmp_path / "rl-s0", [s == knights for s in solutions], answers=[knights] * 8)
+    rows = {r["name"]: r for r in summary.rows(tmp_path, heldout)}
+    puzzles = {i: json.loads(line) for i, line in enumerate((tmp_path / "set.jsonl").read_text().splitlines())}
+    assert summary.constant_answer_score(puzzles) == rows["rl-s0"]["heldout"] == 3 / 8
+    assert rows["rl-s0"]["prior"] == {"same_answer": 1.0, "rest": 0.0, "rest_n": 5}
+    assert rows["start"]["prior"] == {"same_answer": 3 / 8, "rest": 1.0, "rest_n": 5}
+    assert "| rl-s0 | 0.375 |" in summary.markdown(list(rows.values()))
