@@ -75,7 +75,7 @@ def answer_prior(folder, puzzles: dict[int, dict]) -> dict | None:
     path = Path(folder) / HELDOUT.replace(".json", ".responses.jsonl")
     if not path.exists():
         return None
-    commonest = Counter(assignment(p) for p in puzzles.values()).most_common(1)[0][0]
+    commonest, _ = commonest_solution(puzzles)
     given, rest = Counter(), []
     for r in load_jsonl(path):
         puzzle = puzzles[int(r["index"])]
@@ -87,11 +87,11 @@ def answer_prior(folder, puzzles: dict[int, dict]) -> dict | None:
             "rest": sum(rest) / len(rest) if rest else None, "rest_n": len(rest)}
 
 
-def constant_answer_score(puzzles: dict[int, dict]) -> float:
-    """The best score of a policy that always gives the same answer: the share of the
-    commonest solution."""
-    counts = Counter(assignment(p) for p in puzzles.values())
-    return counts.most_common(1)[0][1] / len(puzzles)
+def commonest_solution(puzzles: dict[int, dict]) -> tuple[tuple, float]:
+    """The set's commonest solution and its share: the best score of a policy that always
+    gives the same answer."""
+    solution, count = Counter(assignment(p) for p in puzzles.values()).most_common(1)[0]
+    return solution, count / len(puzzles)
 
 
 def _overall(folder, name: str) -> dict | None:
@@ -159,7 +159,8 @@ def figure(table: list[dict], path) -> str:
             line, = a.plot(steps, reward, alpha=0.3)
             a.plot(steps, moving_average(reward, 5), color=line.get_color(), lw=2, label=r["name"])
     a.set(xlabel="RL step", ylabel="mean reward of the step's samples", title="RL from the supervised start")
-    a.legend()
+    if any(r.get("metrics") for r in table):
+        a.legend()
     have = [r for r in table if r["heldout"] is not None]
     acc = [r["heldout"] for r in have]
     half = [1.96 * (r["heldout"] * (1 - r["heldout"]) / r["n"]) ** 0.5 if r["n"] else 0 for r in have]
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
         ap.error("give OUT or --control-steps")
     table = rows(a.out, a.heldout)
     puzzles = {int(p["index"]): p for p in load_jsonl(a.heldout)}
-    text = markdown(table) + (f"\nA constant answer scores at most {constant_answer_score(puzzles):.3f} on the "
+    text = markdown(table) + (f"\nA constant answer scores at most {commonest_solution(puzzles)[1]:.3f} on the "
                               f"held-out set (its commonest solution's share).\n")
     (Path(a.out) / "summary.md").write_text(text)
     print(text + figure(table, Path(a.out) / "smollm2-kk-rl.png"))

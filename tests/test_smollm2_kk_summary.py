@@ -80,7 +80,8 @@ def test_a_constant_answer_shows_as_the_answer_prior(tmp_path):
     _write_eval(tmp_path / "rl-s0", [s == knights for s in solutions], answers=[knights] * 8)
     rows = {r["name"]: r for r in summary.rows(tmp_path, heldout)}
     puzzles = {i: json.loads(line) for i, line in enumerate((tmp_path / "set.jsonl").read_text().splitlines())}
-    assert summary.constant_answer_score(puzzles) == rows["rl-s0"]["heldout"] == 3 / 8
+    assert summary.commonest_solution(puzzles) == (knights, 3 / 8)
+    assert rows["rl-s0"]["heldout"] == 3 / 8
     assert rows["rl-s0"]["prior"] == {"same_answer": 1.0, "rest": 0.0, "rest_n": 5}
     assert rows["start"]["prior"] == {"same_answer": 3 / 8, "rest": 1.0, "rest_n": 5}
     assert "| rl-s0 | 0.375 |" in summary.markdown(list(rows.values()))
