@@ -18,7 +18,9 @@ Design choices:
 2. **The control's budget is wall time** (what a laptop user spends): N supervised steps =
    the RL run's summed step time / the start's own seconds per supervised step (its
    warmstart.json), both measured on the same machine and threads. Evaluation time is not
-   training time and is left out of both.
+   training time and is left out of both. A shared machine's speed drifts (the start's
+   steps were timed on another day), so the table gives each policy's own training minutes:
+   a control that got more or less time than its RL run shows there.
 3. **Greedy accuracy is the measure**; the reward curve (sampled responses at T 0.7, the RL
    run's own metrics) is drawn beside it, not compared: its puzzles differ per step.
 4. **Accuracy beside the answer prior.** A policy that gives every puzzle the same answer
@@ -48,7 +50,7 @@ HELDOUT_SET = "data/heldout3.jsonl"
 
 def control_steps(run_dir, start_dir) -> int:
     """Supervised steps that take as long as the RL run's steps took (design choice 2)."""
-    rl_seconds = sum(m["step_s"] for m in load_jsonl(Path(run_dir) / "metrics.jsonl"))
+    rl_seconds = training_minutes(run_dir) * 60
     history = json.loads((Path(start_dir) / "warmstart.json").read_text())["history"]
     per_step = history[-1]["seconds"] / history[-1]["step"]
     return max(1, round(rl_seconds / per_step))
@@ -94,6 +96,17 @@ def commonest_solution(puzzles: dict[int, dict]) -> tuple[tuple, float]:
     return solution, count / len(puzzles)
 
 
+def training_minutes(folder) -> float | None:
+    """An RL run's summed step time (metrics.jsonl) or a supervised run's training time
+    (warmstart.json), in minutes; evaluations excluded."""
+    folder = Path(folder)
+    if (folder / "metrics.jsonl").exists():
+        return sum(m["step_s"] for m in load_jsonl(folder / "metrics.jsonl")) / 60
+    if (folder / "warmstart.json").exists():
+        return json.loads((folder / "warmstart.json").read_text())["history"][-1]["seconds"] / 60
+    return None
+
+
 def _overall(folder, name: str) -> dict | None:
     path = Path(folder) / name
     return json.loads(path.read_text())["overall"] if path.exists() else None
@@ -113,7 +126,7 @@ def rows(out, heldout_set=HELDOUT_SET) -> list[dict]:
         row = {"name": name, "heldout": held and held["accuracy"], "format_error": held and held["format_error"],
                "n": len(mine) if mine else None,
                "official": official and official["accuracy"], "vs_start": None,
-               "prior": answer_prior(folder, puzzles)}
+               "prior": answer_prior(folder, puzzles), "minutes": training_minutes(folder)}
         if name != "start" and mine and start:
             row["vs_start"] = paired_diff(mine, start)
         if (folder / "metrics.jsonl").exists():
@@ -129,8 +142,8 @@ def _f(v) -> str:
 def markdown(table: list[dict]) -> str:
     lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] | format errors | "
              "same answer | held-out, solution not the commonest | "
-             "official 3-person (100) | RL steps | mean reward: first 5 -> last 5 steps |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "official 3-person (100) | training minutes | RL steps | mean reward: first 5 -> last 5 steps |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         d = r["vs_start"]
         diff = f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""
@@ -139,9 +152,10 @@ def markdown(table: list[dict]) -> str:
                   f"{sum(m['reward'] for m in ms[-5:]) / len(ms[-5:]):+.3f}") if ms else ""
         prior = r.get("prior") or {}
         rest = f"{_f(prior.get('rest'))} (of {prior['rest_n']})" if prior.get("rest_n") else ""
+        minutes = "" if r.get("minutes") is None else f"{r['minutes']:.1f}"
         lines.append(f"| {r['name']} | {_f(r['heldout'])} | {diff} | {_f(r['format_error'])} | "
                      f"{_f(prior.get('same_answer'))} | {rest} | "
-                     f"{_f(r['official'])} | {len(ms) or ''} | {reward} |")
+                     f"{_f(r['official'])} | {minutes} | {len(ms) or ''} | {reward} |")
     return "\n".join(lines) + "\n"
 
 

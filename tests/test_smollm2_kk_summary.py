@@ -45,6 +45,9 @@ def test_control_steps_match_the_rl_wall_time(tmp_path):
     history = [{"step": k, "loss": 1.0, "lr": 1e-3, "seconds": 12.0 * k} for k in range(1, 251)]
     (start / "warmstart.json").write_text(json.dumps({"history": history}))
     assert summary.control_steps(run, start) == 300           # 3,600 s / 12 s per step
+    assert summary.training_minutes(run) == 60.0              # RL: the summed step times
+    assert summary.training_minutes(start) == 50.0            # supervised: 250 x 12 s
+    assert summary.training_minutes(tmp_path) is None
 
 
 def test_differences_pair_by_puzzle(tmp_path):
