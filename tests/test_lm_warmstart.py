@@ -44,16 +44,19 @@ def small_cfg(base, out, **kw):
     return lw.LMWarmStartConfig(**kw)
 
 
-def test_target_continues_the_sampled_prompt_and_scores_3(chat_nano_dir):
+@pytest.mark.parametrize("style, marker", [("backtracking", "Assume"), ("compact", "\ntry ")])
+def test_target_continues_the_sampled_prompt_and_scores_3(chat_nano_dir, style, marker):
     """The trained sequence is the prompt train.py samples from (models.encode_prompts),
-    then a response the paper's reward scores 3 (format and answer), then eos."""
+    then a response in the chosen style that the paper's reward scores 3 (format and
+    answer), then eos."""
     _, tok = load(chat_nano_dir)
     for r in generate_records(3, 3, seed=5):
-        ids, n_prompt = lw.encode(tok, r)
+        ids, n_prompt = lw.encode(tok, r, style)
         assert ids[:n_prompt] == models.encode_prompts([r], tok, "auto", 10_000)[1][0]
         assert ids[-1] == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
         response = tok.decode(ids[n_prompt:-1])
         assert reward.score_response(response, r).total == 3
+        assert marker in response
 
 
 def test_adapter_folder_loads_as_base_with_the_adapter_merged(chat_nano_dir, tmp_path):
@@ -129,6 +132,18 @@ def test_budget_skips_long_targets(chat_nano_dir, tmp_path):
         ids, _, mask = run.batch()
         assert mask.sum(1).max() <= 200
     assert run.skipped > 0
+
+
+def test_style_chooses_the_chain_of_thought_trained_on(chat_nano_dir, tmp_path):
+    """--style reaches the batches: the response tokens of a batch are the official
+    backtracking text or the compact trace."""
+    for style, marker, other in (("backtracking", "Assume", "\ntry "), ("compact", "\ntry ", "Assume")):
+        model, tok = load(chat_nano_dir)
+        run = lw.LMWarmStart(small_cfg(chat_nano_dir, tmp_path / style, style=style), model, tok,
+                             log=lambda s: None)
+        ids, _, mask = run.batch()
+        response = tok.decode(ids[0, 1:][mask[0].bool()])      # mask[t]: the target ids[t + 1]
+        assert marker in response and other not in response
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

@@ -17,6 +17,10 @@ Design choices:
    own chain of thought (explain.backtracking_explanation: plain English, which a
    pretrained LM continues more readily than the tiny model's compact trace) and the answer
    in the reward's format (prompts.target_response), then the model's end-of-turn token.
+   ``--style compact`` trains the tiny model's trace instead (explain.compact_explanation:
+   every check a local look-up): the backtracking start's accuracy turned out to be its
+   answer prior (docs/TASK_AND_MODELS.md), so the trace a small model can follow is the
+   next thing to try.
 2. Only targets that fit the RL run's response budget (``max_response_tokens``, the
    smollm2-cpu preset's 384) are trained on: the model learns to close its answer within
    what RL samples. A longer target's puzzle is skipped (SmolLM2's tokens, 3 people: mean
@@ -73,6 +77,8 @@ class LMWarmStartConfig:
     warmup_steps: int = option(10, "linear warmup steps")
     min_lr_ratio: float = 0.1        # cosine floor, as a fraction of lr
     lora_rank: int = option(8, "LoRA rank (lora.add_lora)")
+    style: str = option("backtracking", "the chain of thought to train: backtracking (the official, plain "
+                        "English) or compact (the tiny model's trace)", choices=("backtracking", "compact"))
     sizes: tuple = option((2, 3, 4), "people per training puzzle, e.g. 3 or 2,3,4 (one size per "
                           "batch, drawn uniformly)", type=parse_sizes)
     max_response_tokens: int = option(384, "train only on targets of at most this many tokens "
@@ -94,12 +100,12 @@ def lr_at(step: int, cfg: LMWarmStartConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
 
 
-def encode(tokenizer, record: dict) -> tuple[list[int], int]:
+def encode(tokenizer, record: dict, style: str = "backtracking") -> tuple[list[int], int]:
     """(prompt + target + end-of-turn ids, prompt length), tokenized as train.py samples:
-    the prompt as models.encode_prompts encodes it, the target continuing it."""
+    the prompt as models.encode_prompts encodes it, the target (design choice 1) continuing it."""
     from ..models import adds_bos, kk_prompt
     p = tokenizer(kk_prompt(record, tokenizer), add_special_tokens=adds_bos(tokenizer))["input_ids"]
-    r = tokenizer(target_response(record, "backtracking"), add_special_tokens=False)["input_ids"]
+    r = tokenizer(target_response(record, style), add_special_tokens=False)["input_ids"]
     return p + r + [tokenizer.eos_token_id], len(p)
 
 
@@ -163,7 +169,7 @@ class LMWarmStart:
         n = self.rng.choice(self.cfg.sizes)
         examples = []
         while len(examples) < self.cfg.batch_size:
-            ids, n_prompt = encode(self.tokenizer, self.stream.next(n))
+            ids, n_prompt = encode(self.tokenizer, self.stream.next(n), self.cfg.style)
             if len(ids) - n_prompt <= self.cfg.max_response_tokens:
                 examples.append((ids, n_prompt))
             else:
