@@ -10,12 +10,13 @@
 # Rerun after an interruption: what is finished is skipped, an RL run resumes from its last
 # checkpoint (every 10 steps), the control from its saved state (every 25 steps).
 # Usage: bash scripts/smollm2_kk_rl.sh [OUT]  (default results/smollm2-kk-rl; the weights stay
-# under runs/). SEEDS="0 1" and THREADS=2 by default. Needs scripts/fetch_smollm2.py first.
+# under runs/). SEEDS="0 1" and THREADS=2 by default; START=ADAPTER_FOLDER runs the same from
+# another supervised start (lm_warmstart --out; use its own OUT). Needs scripts/fetch_smollm2.py first.
 set -euo pipefail
 OUT=${1:-results/smollm2-kk-rl}
 SEEDS=${SEEDS:-0 1}
 THREADS=${THREADS:-2}
-START=checkpoints/smollm2-kk-sft
+START=${START:-checkpoints/smollm2-kk-sft}
 heldout() {   # MODEL FOLDER: greedy, 400 held-out puzzles, the responses saved
   [ -f "$2/eval_heldout3.json" ] || python eval.py --model "$1" --data data/heldout3.jsonl \
     --max-new-tokens 512 --threads "$THREADS" --save-responses --no-progress --out "$2/eval_heldout3.json"
@@ -28,13 +29,13 @@ mkdir -p "$OUT/start"
 heldout "$START" "$OUT/start"
 official "$START" "$OUT/start"
 for s in $SEEDS; do
-  run=runs/smollm2-kk-rl-s$s
+  run=runs/$(basename "$OUT")-s$s
   if [ ! -f "$run/summary.json" ]; then
     if compgen -G "$run/ckpt-*" > /dev/null; then
       python train.py --resume "$run" --no-progress
     else
       rm -rf "$run"
-      python train.py --preset smollm2-kk --seed "$s" --eval-before --threads "$THREADS" \
+      python train.py --preset smollm2-kk --model "$START" --seed "$s" --eval-before --threads "$THREADS" \
         --run-dir "$run" --no-progress
     fi
   fi
@@ -42,14 +43,16 @@ for s in $SEEDS; do
   cp "$run"/{run.json,metrics.jsonl,summary.json,eval_before.json,eval_final.json,training.png} "$OUT/rl-s$s/"
   heldout "$run/final" "$OUT/rl-s$s"
 
-  sft=runs/smollm2-kk-sft-s$s
+  sft=runs/$(basename "$OUT")-sft-s$s
   if [ ! -f "$sft/warmstart.json" ]; then
     if [ -d "$sft.resume" ]; then
       python -m lopti_minimal.experiments.lm_warmstart --resume "$sft" --threads "$THREADS" --no-progress
     else
       n=$(python scripts/smollm2_kk_summary.py --control-steps "$run" "$START")
       # seed s + 1: puzzles other than the start's own (it was trained at seed 0)
-      python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) \
+      # the start's own chain-of-thought style (its warmstart.json), continued
+      style=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config'].get('style', 'backtracking'))" "$START/warmstart.json")
+      python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) --style "$style" \
         --out "$sft" --threads "$THREADS" --no-progress
     fi
   fi
