@@ -383,9 +383,10 @@ PRESETS: dict[str, dict] = {
                         rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=50,
                         eval_max_new_tokens={3: 512}, eval_batch_size=50),
     # The same model from its supervised LoRA warm start (experiments/lm_warmstart.py, the
-    # adapter merged on load): RL trains fresh rank-8 adapters on top; groups of 8 (a
-    # sampled response is right ~16% of the time: a group of 4 is all wrong half the time).
-    "smollm2-kk": dict(model="checkpoints/smollm2-kk-sft", lora_rank=8, lr=2e-4, prompts_per_step=2,
+    # compact trace; the adapter merged on load): RL trains fresh rank-8 adapters on top;
+    # groups of 8 (sized for the first, backtracking start, right ~16% of the time when
+    # sampled: a group of 4 was all wrong half the time).
+    "smollm2-kk": dict(model="checkpoints/smollm2-kk-sft-compact", lora_rank=8, lr=2e-4, prompts_per_step=2,
                        group_size=8, max_new_tokens=384, max_prompt_len=512, steps=30,
                        rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=100,
                        eval_max_new_tokens={3: 512}, eval_batch_size=50),

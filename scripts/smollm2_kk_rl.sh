@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # RL on a real pretrained LM, from scratch: SmolLM2-135M-Instruct from its supervised LoRA
-# warm start (checkpoints/smollm2-kk-sft), `--preset smollm2-kk` at each seed, and, per seed,
-# the same start trained supervised for the RL run's wall time (the control that tells RL's
+# warm start (checkpoints/smollm2-kk-sft-compact), `--preset smollm2-kk` at each seed, and,
+# per seed, the same start trained supervised for the RL run's wall time (the control that tells RL's
 # gain from more supervised training). Every policy is evaluated greedily on the 400
 # held-out 3-person puzzles (each response kept, so differences pair by puzzle) and on the
 # official 3-person set. About 2.3 hours per seed on a 2-core CPU (an hour of RL steps, an
@@ -9,14 +9,15 @@
 #
 # Rerun after an interruption: what is finished is skipped, an RL run resumes from its last
 # checkpoint (every 10 steps), the control from its saved state (every 25 steps).
-# Usage: bash scripts/smollm2_kk_rl.sh [OUT]  (default results/smollm2-kk-rl; the weights stay
-# under runs/). SEEDS="0 1" and THREADS=2 by default; START=ADAPTER_FOLDER runs the same from
-# another supervised start (lm_warmstart --out; use its own OUT). Needs scripts/fetch_smollm2.py first.
+# Usage: bash scripts/smollm2_kk_rl.sh [OUT]  (default results/smollm2-kk-compact; the weights
+# stay under runs/). SEEDS="0 1" and THREADS=2 by default; START=ADAPTER_FOLDER runs the same
+# from another supervised start (lm_warmstart --out) into its own OUT: results/smollm2-kk-rl
+# is START=checkpoints/smollm2-kk-sft's. Needs scripts/fetch_smollm2.py first.
 set -euo pipefail
-OUT=${1:-results/smollm2-kk-rl}
+OUT=${1:-results/smollm2-kk-compact}
 SEEDS=${SEEDS:-0 1}
 THREADS=${THREADS:-2}
-START=${START:-checkpoints/smollm2-kk-sft}
+START=${START:-checkpoints/smollm2-kk-sft-compact}
 heldout() {   # MODEL FOLDER: greedy, 400 held-out puzzles, the responses saved
   [ -f "$2/eval_heldout3.json" ] || python eval.py --model "$1" --data data/heldout3.jsonl \
     --max-new-tokens 512 --threads "$THREADS" --save-responses --no-progress --out "$2/eval_heldout3.json"

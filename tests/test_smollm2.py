@@ -63,15 +63,19 @@ def test_gguf_loads_through_the_same_loader_with_the_same_weights(smollm2_dir):
         torch.testing.assert_close(a(ids).logits, b(ids).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_shipped_adapter_answers_in_the_rewards_format(smollm2_dir):
-    """checkpoints/smollm2-kk-sft (experiments/lm_warmstart.py: a 4.9 MB LoRA adapter)
-    loads as SmolLM2 with the adapter merged, and where SmolLM2 alone writes no
-    format-valid response (results/smollm2-probe), it answers in the reward's format:
-    the chain of thought, </think>, then one role per person (greedy, 3 held-out puzzles;
-    400 of 400 format-valid in results/smollm2-sft/)."""
+@pytest.mark.parametrize("folder, marker", [("smollm2-kk-sft-compact", "\ntry "),
+                                            ("smollm2-kk-sft", "Let's think step by step")])
+def test_shipped_adapter_answers_in_the_rewards_format(smollm2_dir, folder, marker):
+    """Each shipped adapter (experiments/lm_warmstart.py: a 4.9 MB LoRA adapter; the compact
+    trace, and the official backtracking text) loads as SmolLM2 with the adapter merged, and
+    where SmolLM2 alone writes no format-valid response (results/smollm2-probe), it answers
+    in the reward's format in its own chain of thought (the compact search's "try" lines,
+    or the official opening), </think>, then one role per person (greedy, 3 held-out
+    puzzles; 400 of 400 format-valid in results/smollm2-kk-compact/start/ and
+    results/smollm2-sft/)."""
     pytest.importorskip("peft")
     from lopti_minimal.task.evaluate import read_records
-    model, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / "smollm2-kk-sft"), device="cpu")
+    model, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / folder), device="cpu")
     records = read_records(str(ROOT / "data" / "heldout3.jsonl"))[:3]
     ids = [tok(kk_prompt(r, tok), add_special_tokens=False)["input_ids"] for r in records]
     roll = sample_groups(model, ids, group_size=1, max_new_tokens=384, greedy=True,
@@ -79,5 +83,5 @@ def test_shipped_adapter_answers_in_the_rewards_format(smollm2_dir):
     for b, r in enumerate(records):
         n = int(roll.response_mask[b].sum())
         text = tok.decode(roll.response_ids[b, :n].tolist(), skip_special_tokens=True)
-        assert text.lstrip().startswith("Let's think step by step")
+        assert marker in text, text
         assert reward.score_response(text, r).format_ok, text

@@ -1,9 +1,9 @@
 """Supervised LoRA warm start of a pretrained LM on K&K: a start from which RL can learn.
 
     python scripts/fetch_smollm2.py                      # models/smollm2-135m-instruct
-    python -m lopti_minimal.experiments.lm_warmstart --out checkpoints/smollm2-kk-sft --threads 2
-    python eval.py --model checkpoints/smollm2-kk-sft --data data/heldout3.jsonl
-    python -m lopti_minimal.experiments.lm_warmstart --resume checkpoints/smollm2-kk-sft
+    python -m lopti_minimal.experiments.lm_warmstart --out checkpoints/smollm2-kk-sft-compact --threads 2
+    python eval.py --model checkpoints/smollm2-kk-sft-compact --data data/heldout3.jsonl
+    python -m lopti_minimal.experiments.lm_warmstart --resume checkpoints/smollm2-kk-sft-compact
 
 Why: SmolLM2-135M-Instruct writes no format-valid response to the paper's prompt (0 of 160
 sampled, results/smollm2-probe), so every group's rewards are equal, every GRPO advantage
@@ -13,18 +13,18 @@ and a first, imperfect skill; RL then has rewards that differ within a group.
 Design choices:
 
 1. Prompt: the paper's (the Logic-RL system message through the model's chat template,
-   models.kk_prompt), the very prompt train.py samples from. Target: the K&K generator's
-   own chain of thought (explain.backtracking_explanation: plain English, which a
-   pretrained LM continues more readily than the tiny model's compact trace) and the answer
-   in the reward's format (prompts.target_response), then the model's end-of-turn token.
-   ``--style compact`` trains the tiny model's trace instead (explain.compact_explanation:
-   every check a local look-up): the backtracking start's accuracy turned out to be its
-   answer prior (docs/TASK_AND_MODELS.md), so the trace a small model can follow is the
-   next thing to try.
+   models.kk_prompt), the very prompt train.py samples from. Target: a chain of thought and
+   the answer in the reward's format (prompts.target_response), then the model's end-of-turn
+   token. The default chain of thought, ``--style compact``, is the tiny model's trace
+   (explain.compact_explanation: the statements restated, then a search that tries roles
+   and checks each statement by a local look-up). ``--style backtracking`` is the K&K
+   generator's official plain-English text, which SmolLM2 imitates without learning to
+   check it: its greedy held-out accuracy was 0.207, the compact start's 0.703, on the
+   same 400 puzzles (docs/TASK_AND_MODELS.md).
 2. Only targets that fit the RL run's response budget (``max_response_tokens``, the
    smollm2-cpu preset's 384) are trained on: the model learns to close its answer within
-   what RL samples. A longer target's puzzle is skipped (SmolLM2's tokens, 3 people: mean
-   245, 95th percentile 404).
+   what RL samples. A longer target's puzzle is skipped and another drawn (the compact start
+   skipped 739 in 250 steps, the backtracking one 352: warmstart.json's skipped_targets).
 3. LoRA (lora.add_lora: rank r on every projection of every layer, alpha = 2r), the base
    frozen: what ships is the adapter (rank 8: 2.4M parameters, 4.9 MB in bf16), not the
    538 MB base. lora.save_adapter writes it with its base named relative to the checkout,
@@ -71,14 +71,14 @@ class LMWarmStartConfig:
     out: str | None = option(None, "the adapter folder to write (required)", type=str)
     init: str | None = option(None, "start from this adapter folder (one of --model's) instead of "
                               "fresh adapters: more supervised training, with a fresh schedule", type=str)
-    steps: int = option(250, "optimizer steps (checkpoints/smollm2-kk-sft: 250, 47 minutes on a 2-core Intel Xeon)")
+    steps: int = option(250, "optimizer steps (checkpoints/smollm2-kk-sft-compact: 250, 70 minutes on a 2-core AMD EPYC)")
     batch_size: int = option(8, "puzzles per optimizer step")
     lr: float = option(1e-3, "peak AdamW learning rate of the adapters")
     warmup_steps: int = option(10, "linear warmup steps")
     min_lr_ratio: float = 0.1        # cosine floor, as a fraction of lr
     lora_rank: int = option(8, "LoRA rank (lora.add_lora)")
-    style: str = option("backtracking", "the chain of thought to train: backtracking (the official, plain "
-                        "English) or compact (the tiny model's trace)", choices=("backtracking", "compact"))
+    style: str = option("compact", "the chain of thought to train: compact (the tiny model's trace) or "
+                        "backtracking (the official, plain English)", choices=("compact", "backtracking"))
     sizes: tuple = option((2, 3, 4), "people per training puzzle, e.g. 3 or 2,3,4 (one size per "
                           "batch, drawn uniformly)", type=parse_sizes)
     max_response_tokens: int = option(384, "train only on targets of at most this many tokens "
