@@ -6,7 +6,8 @@ table and figure of ``scripts/smollm2_kk_rl.sh``'s folder (docs/TASK_AND_MODELS.
 
 OUT holds ``start/`` (the start's evaluations), ``rl-s<S>/`` (an RL run's files: metrics.jsonl,
 eval_before.json, eval_final.json, and eval_heldout3.json of its final policy) and
-``sft-s<S>/`` (the supervised control's warmstart.json and evaluations).
+``sft-s<S>/`` (the supervised control's warmstart.json and evaluations); ``pilot-*/`` (any
+other policy's evaluations, e.g. an interrupted RL run's checkpoint) get a row too.
 
 Design choices:
 
@@ -113,12 +114,13 @@ def _overall(folder, name: str) -> dict | None:
 
 
 def rows(out, heldout_set=HELDOUT_SET) -> list[dict]:
-    """One row per policy: the start, each RL run, each supervised control."""
+    """One row per policy: the start, each RL run, each supervised control, and each
+    ``pilot-*`` folder (a shorter run's evaluation, such as an unfinished run's checkpoint)."""
     out = Path(out)
     puzzles = {int(p["index"]): p for p in load_jsonl(heldout_set)}
     start = correct_by_puzzle(out / "start")
-    found = [("start", out / "start")] + [(p.name, p) for p in sorted(out.glob("rl-s*"))] + \
-            [(p.name, p) for p in sorted(out.glob("sft-s*"))]
+    found = [("start", out / "start")] + [(p.name, p) for pattern in ("rl-s*", "sft-s*", "pilot-*")
+                                          for p in sorted(out.glob(pattern))]
     table = []
     for name, folder in found:
         held, mine = _overall(folder, HELDOUT), correct_by_puzzle(folder)
@@ -179,7 +181,7 @@ def figure(table: list[dict], path) -> str:
     acc = [r["heldout"] for r in have]
     half = [1.96 * (r["heldout"] * (1 - r["heldout"]) / r["n"]) ** 0.5 if r["n"] else 0 for r in have]
     b.bar(range(len(have)), acc, yerr=half, color=["gray" if r["name"] == "start" else
-                                                  "tab:red" if r["name"].startswith("rl") else "tab:blue" for r in have])
+                                                  "tab:red" if "rl" in r["name"] else "tab:blue" for r in have])
     b.set_xticks(range(len(have)), [r["name"] for r in have])
     b.set(ylabel="greedy accuracy", title="400 held-out 3-person puzzles")
     fig.tight_layout()

@@ -57,8 +57,11 @@ def test_differences_pair_by_puzzle(tmp_path):
     rl = [True, False, True, True, True, False, False, False, False, False]
     _write_eval(tmp_path / "start", start)
     _write_eval(tmp_path / "rl-s0", rl)
+    _write_eval(tmp_path / "pilot-rl-s0-step10", start)     # an unfinished run's checkpoint
     heldout = _puzzles(tmp_path / "set.jsonl", [(True, True, True)] * 10)
     rows = {r["name"]: r for r in summary.rows(tmp_path, heldout)}
+    assert list(rows) == ["start", "rl-s0", "pilot-rl-s0-step10"]
+    assert rows["pilot-rl-s0-step10"]["vs_start"]["mean"] == 0.0
     d = rows["rl-s0"]["vs_start"]
     assert rows["start"]["vs_start"] is None
     assert d["n"] == 10 and d["mean"] == pytest.approx(0.2)
