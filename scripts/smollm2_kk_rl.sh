@@ -51,9 +51,8 @@ for s in $SEEDS; do
     else
       n=$(python scripts/smollm2_kk_summary.py --control-steps "$run" "$START")
       # seed s + 1: puzzles other than the start's own (it was trained at seed 0)
-      # the start's own chain-of-thought style (its warmstart.json), continued
-      style=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['config'].get('style', 'backtracking'))" "$START/warmstart.json")
-      python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) --style "$style" \
+      # (--init continues the start's own chain-of-thought style)
+      python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) \
         --out "$sft" --threads "$THREADS" --no-progress
     fi
   fi

@@ -146,6 +146,15 @@ def test_style_chooses_the_chain_of_thought_trained_on(chat_nano_dir, tmp_path):
         assert marker in response and other not in response
 
 
+def test_more_training_continues_the_init_folders_style(tmp_path):
+    """--init without --style continues the style its folder was trained on: the shipped
+    compact adapter's, and the first adapter's (whose warmstart.json predates --style:
+    backtracking); a folder without warmstart.json leaves the default."""
+    assert lw.trained_style(str(ROOT / "checkpoints" / "smollm2-kk-sft-compact")) == "compact"
+    assert lw.trained_style(str(ROOT / "checkpoints" / "smollm2-kk-sft")) == "backtracking"
+    assert lw.trained_style(str(tmp_path)) is None
+
+
 def test_bad_input_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         lw.main(["--steps", "3"])

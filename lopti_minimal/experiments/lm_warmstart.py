@@ -70,7 +70,8 @@ class LMWarmStartConfig:
     model: str = option("models/smollm2-135m-instruct", "the pretrained base (a folder, .gguf or hub id)")
     out: str | None = option(None, "the adapter folder to write (required)", type=str)
     init: str | None = option(None, "start from this adapter folder (one of --model's) instead of "
-                              "fresh adapters: more supervised training, with a fresh schedule", type=str)
+                              "fresh adapters: more supervised training, with a fresh schedule, "
+                              "in the folder's own --style unless given", type=str)
     steps: int = option(250, "optimizer steps (checkpoints/smollm2-kk-sft-compact: 250, 70 minutes on a 2-core AMD EPYC)")
     batch_size: int = option(8, "puzzles per optimizer step")
     lr: float = option(1e-3, "peak AdamW learning rate of the adapters")
@@ -100,7 +101,7 @@ def lr_at(step: int, cfg: LMWarmStartConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
 
 
-def encode(tokenizer, record: dict, style: str = "backtracking") -> tuple[list[int], int]:
+def encode(tokenizer, record: dict, style: str) -> tuple[list[int], int]:
     """(prompt + target + end-of-turn ids, prompt length), tokenized as train.py samples:
     the prompt as models.encode_prompts encodes it, the target (design choice 1) continuing it."""
     from ..models import adds_bos, kk_prompt
@@ -120,6 +121,17 @@ def excluded_keys(path: str | None) -> set:
                              "data/heldout3.jsonl)")
         keys |= kk.keys_of(kk.load_jsonl(file))
     return keys
+
+
+def trained_style(folder: str) -> str | None:
+    """The chain-of-thought style an adapter folder was trained on (its warmstart.json; a
+    file from before ``style`` existed means backtracking), None without the file: more
+    training from ``--init`` continues that style unless ``--style`` is given."""
+    path = os.path.join(folder, "warmstart.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["config"].get("style", "backtracking")
 
 
 def init_adapter(cfg: LMWarmStartConfig) -> dict:
@@ -264,7 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
-    cfg = LMWarmStartConfig(**given(a, LMWarmStartConfig))
+    opts = given(a, LMWarmStartConfig)
+    if opts.get("init") and "style" not in opts and trained_style(opts["init"]):
+        opts["style"] = trained_style(opts["init"])
+    cfg = LMWarmStartConfig(**opts)
     state = None
     if a.resume:
         try:
