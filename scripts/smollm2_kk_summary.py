@@ -15,7 +15,8 @@ Design choices:
    puzzles (``data/heldout3.jsonl``, eval.py ``--save-responses``), so a difference of two
    accuracies is the mean of per-puzzle differences (each -1, 0 or +1) with its 95% t
    interval (experiments.stats.paired_diff, the puzzles in place of seeds). It measures the
-   change of *this* policy on *these* puzzles; the seeds say how much a run varies.
+   change of *this* policy on *these* puzzles; the seeds say how much a run varies. Beside
+   it, the puzzles the start got right and the policy lost, and the ones it gained.
 2. **The control's budget is wall time** (what a laptop user spends): N supervised steps =
    the RL run's summed step time / the start's own seconds per supervised step (its
    warmstart.json), both measured on the same machine and threads. Evaluation time is not
@@ -131,6 +132,8 @@ def rows(out, heldout_set=HELDOUT_SET) -> list[dict]:
                "prior": answer_prior(folder, puzzles), "minutes": training_minutes(folder)}
         if name != "start" and mine and start:
             row["vs_start"] = paired_diff(mine, start)
+            row["lost"] = sum(1 for i, c in mine.items() if start.get(i) and not c)
+            row["gained"] = sum(1 for i, c in mine.items() if c and i in start and not start[i])
         if (folder / "metrics.jsonl").exists():
             row["metrics"] = load_jsonl(folder / "metrics.jsonl")
         table.append(row)
@@ -142,13 +145,14 @@ def _f(v) -> str:
 
 
 def markdown(table: list[dict]) -> str:
-    lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] | format errors | "
-             "same answer | held-out, solution not the commonest | "
+    lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] (puzzles lost, gained) | "
+             "format errors | same answer | held-out, solution not the commonest | "
              "official 3-person (100) | training minutes | RL steps | mean reward: first 5 -> last 5 steps |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         d = r["vs_start"]
-        diff = f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else ""
+        diff = (f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
+                f"(lost {r['lost']}, gained {r['gained']})") if d else ""
         ms = r.get("metrics") or []
         reward = (f"{sum(m['reward'] for m in ms[:5]) / len(ms[:5]):+.3f} -> "
                   f"{sum(m['reward'] for m in ms[-5:]) / len(ms[-5:]):+.3f}") if ms else ""

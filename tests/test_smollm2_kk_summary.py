@@ -69,7 +69,7 @@ def test_differences_pair_by_puzzle(tmp_path):
     sd = (sum((x - 0.2) ** 2 for x in diffs) / 9) ** 0.5
     assert d["hi"] - d["mean"] == pytest.approx(2.262 * sd / 10 ** 0.5)
     text = summary.markdown(list(rows.values()))
-    assert "| rl-s0 | 0.400 | +0.200 [" in text
+    assert "| rl-s0 | 0.400 | +0.200 [" in text and "(lost 1, gained 3)" in text
     summary.figure(list(rows.values()), tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
 
