@@ -64,15 +64,16 @@ def test_gguf_loads_through_the_same_loader_with_the_same_weights(smollm2_dir):
 
 
 @pytest.mark.parametrize("folder, marker", [("smollm2-kk-sft-compact", "\ntry "),
+                                            ("smollm2-kk-sft-compact-396", "\ntry "),
                                             ("smollm2-kk-sft", "Let's think step by step")])
 def test_shipped_adapter_answers_in_the_rewards_format(smollm2_dir, folder, marker):
     """Each shipped adapter (experiments/lm_warmstart.py: a 4.9 MB LoRA adapter; the compact
-    trace, and the official backtracking text) loads as SmolLM2 with the adapter merged, and
+    trace after 250 and 396 steps, and the official backtracking text) loads as SmolLM2 with the adapter merged, and
     where SmolLM2 alone writes no format-valid response (results/smollm2-probe), it answers
     in the reward's format in its own chain of thought (the compact search's "try" lines,
     or the official opening), </think>, then one role per person (greedy, 3 held-out
     puzzles; 400 of 400 format-valid in results/smollm2-kk-compact/start/ and
-    results/smollm2-sft/)."""
+    results/smollm2-sft/, 389 in results/smollm2-kk-compact/pilot-sft-s0-146steps/)."""
     pytest.importorskip("peft")
     from lopti_minimal.task.evaluate import read_records
     model, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / folder), device="cpu")
