@@ -17,8 +17,8 @@ norm, layer by layer), in the opposite direction. Evaluated on the same puzzles:
 Design choices:
 
 1. **Weights in float32**, the start's own dtype on a CPU: the difference of two float32
-   models is exact to float32 rounding, far below the update (the policy's is ~1e-4 of a
-   weight). Evaluation then decodes under bf16 autocast like every other policy (eval.py).
+   models is exact to float32 rounding, far below an update of RL (its relative norm is
+   printed). Evaluation then decodes under bf16 autocast like every other policy (eval.py).
 2. **The start as eval.py loads it** (models.load_model_and_tokenizer: a LoRA adapter folder
    merged into its base), so W_start is the very matrix the start's evaluation ran on.
 3. Printed: the update's relative norm ||W_policy - W_start|| / ||W_start|| over all weights

@@ -28,18 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lopti_minimal.experiments import warmstart_data  # noqa: E402
 from lopti_minimal.models import load_model_and_tokenizer  # noqa: E402
 from lopti_minimal.task import kk  # noqa: E402
-
-
-def line_kind(line: str) -> str:
-    if line.startswith("try"):
-        return "try"
-    if line.startswith("found"):
-        return "found"
-    if line.endswith(")") and "(at " in line:
-        return "claim"
-    if line.endswith((" ok", " bad")):
-        return "check"
-    return "other"
+from lopti_minimal.task.explain import line_kind  # noqa: E402
 
 
 def token_kinds(tokenizer, response_ids: list[int]) -> list[str]:

@@ -39,24 +39,12 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lopti_minimal.task import explain  # noqa: E402
+from lopti_minimal.task.explain import line_kind  # noqa: E402
 from lopti_minimal.task.kk import load_jsonl  # noqa: E402
 
 KINDS = ["faithful", "restates a claim", "checks too early", 'checks after "bad"', "checks again",
          "skips a check", "checks another claim",
          "substitutes wrongly", "evaluates wrongly", "tries another node", "other"]
-
-
-def line_kind(line: str) -> str:
-    """claim / check / try / found / other, by the compact trace's line shapes."""
-    if line.startswith("try "):
-        return "try"
-    if line.startswith(("found ", "guess ")):
-        return "found"
-    if line.startswith("  ") and line.endswith(")") and " (at " in line:
-        return "claim"
-    if line.startswith("  ") and line.endswith((" ok", " bad")):
-        return "check"
-    return "other"
 
 
 def _check_parts(line: str) -> tuple[str, str, str]:

@@ -290,5 +290,20 @@ def compact_explanation(record: dict | None = None, *, statements=None, names=No
     return "\n".join(lines)
 
 
+def line_kind(line: str) -> str:
+    """A compact-trace line's kind, by its shape: "claim" ("  Amelia: not Evelyn (at
+    Evelyn)"), "try" (a node), "check" ("  Amelia=T: not Evelyn=F = T ok"), "found" (the
+    solution, or the guess that ends a search that ran out) or "other" (tags, the answer)."""
+    if line.startswith("try"):
+        return "try"
+    if line.startswith(("found", "guess")):
+        return "found"
+    if line.endswith(")") and "(at " in line:
+        return "claim"
+    if line.endswith((" ok", " bad")):
+        return "check"
+    return "other"
+
+
 def _assignment(node: tuple, names) -> str:
     return " ".join(f"{names[j]}={_tf(v)}" for j, v in enumerate(node))
