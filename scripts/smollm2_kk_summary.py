@@ -2,6 +2,7 @@
 table and figure of ``scripts/smollm2_kk_rl.sh``'s folder (docs/TASK_AND_MODELS.md).
 
     python scripts/smollm2_kk_summary.py OUT                 # OUT/summary.md, OUT/smollm2-kk-rl.png
+    python scripts/smollm2_kk_summary.py OUT1 OUT2 --figure PNG     # each OUT's, and one figure of all
     python scripts/smollm2_kk_summary.py --control-steps RUN START   # prints N (below)
 
 OUT holds ``start/`` (the start's evaluations), ``rl-s<S>/`` (an RL run's files: metrics.jsonl,
@@ -165,29 +166,37 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _colour(name: str) -> str:
+    """The start gray, RL (``rl-s*``, ``pilot-rl-*``) red, supervised training blue."""
+    return "gray" if name == "start" else "tab:red" if name.startswith(("rl-", "pilot-rl-")) else "tab:blue"
+
+
 def figure(table: list[dict], path) -> str:
     """Left: the RL runs' mean reward per step (moving average over 5 steps); right: held-out
-    greedy accuracy of every policy with its binomial 95% half-width."""
+    greedy accuracy of every policy with its binomial 95% half-width, one bar a row (named,
+    with its training minutes; a row's ``label`` where it has one)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    have = [r for r in table if r["heldout"] is not None]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 1.6 + 0.35 * len(have)), width_ratios=(1, 1.3))
     for r in table:
         if r.get("metrics"):
             steps = [m["step"] for m in r["metrics"]]
             reward = [m["reward"] for m in r["metrics"]]
             line, = a.plot(steps, reward, alpha=0.3)
-            a.plot(steps, moving_average(reward, 5), color=line.get_color(), lw=2, label=r["name"])
+            a.plot(steps, moving_average(reward, 5), color=line.get_color(), lw=2, label=r.get("label", r["name"]))
     a.set(xlabel="RL step", ylabel="mean reward of the step's samples", title="RL from the supervised start")
     if any(r.get("metrics") for r in table):
-        a.legend()
-    have = [r for r in table if r["heldout"] is not None]
+        a.legend(fontsize="small")
     acc = [r["heldout"] for r in have]
     half = [1.96 * (r["heldout"] * (1 - r["heldout"]) / r["n"]) ** 0.5 if r["n"] else 0 for r in have]
-    b.bar(range(len(have)), acc, yerr=half, color=["gray" if r["name"] == "start" else
-                                                  "tab:red" if "rl" in r["name"] else "tab:blue" for r in have])
-    b.set_xticks(range(len(have)), [r["name"] for r in have])
-    b.set(ylabel="greedy accuracy", title="400 held-out 3-person puzzles")
+    y = range(len(have))[::-1]                     # the table's order, top to bottom
+    b.barh(y, acc, xerr=half, color=[_colour(r["name"]) for r in have])
+    labels = [r.get("label", r["name"]) + ("" if r.get("minutes") is None else f" ({r['minutes']:.0f} min)")
+              for r in have]
+    b.set_yticks(list(y), labels, fontsize="small")
+    b.set(xlabel="greedy accuracy", xlim=(0, 1), title="400 held-out 3-person puzzles")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -196,8 +205,9 @@ def figure(table: list[dict], path) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", nargs="?", help="the folder scripts/smollm2_kk_rl.sh writes")
+    ap.add_argument("out", nargs="*", help="the folder(s) scripts/smollm2_kk_rl.sh writes")
     ap.add_argument("--heldout", default=HELDOUT_SET, help="the held-out set the policies were evaluated on")
+    ap.add_argument("--figure", metavar="PNG", help="also one figure of every OUT's rows (each named OUT: policy)")
     ap.add_argument("--control-steps", nargs=2, metavar=("RUN", "START"),
                     help="print the supervised steps matching RUN's RL wall time")
     a = ap.parse_args(argv)
@@ -206,12 +216,17 @@ def main(argv=None) -> int:
         return 0
     if not a.out:
         ap.error("give OUT or --control-steps")
-    table = rows(a.out, a.heldout)
     puzzles = {int(p["index"]): p for p in load_jsonl(a.heldout)}
-    text = markdown(table) + (f"\nA constant answer scores at most {commonest_solution(puzzles)[1]:.3f} on the "
-                              f"held-out set (its commonest solution's share).\n")
-    (Path(a.out) / "summary.md").write_text(text)
-    print(text + figure(table, Path(a.out) / "smollm2-kk-rl.png"))
+    every = []
+    for out in a.out:
+        table = rows(out, a.heldout)
+        text = markdown(table) + (f"\nA constant answer scores at most {commonest_solution(puzzles)[1]:.3f} on the "
+                                  f"held-out set (its commonest solution's share).\n")
+        (Path(out) / "summary.md").write_text(text)
+        print(text + figure(table, Path(out) / "smollm2-kk-rl.png"))
+        every += [dict(r, label=f"{Path(out).name}: {r['name']}") for r in table]
+    if a.figure:
+        print(figure(every, a.figure))
     return 0
 
 

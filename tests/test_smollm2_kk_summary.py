@@ -91,3 +91,21 @@ def test_a_constant_answer_shows_as_the_answer_prior(tmp_path):
     assert rows["rl-s0"]["prior"] == {"same_answer": 1.0, "rest": 0.0, "rest_n": 5}
     assert rows["start"]["prior"] == {"same_answer": 3 / 8, "rest": 1.0, "rest_n": 5}
     assert "| rl-s0 | 0.375 |" in summary.markdown(list(rows.values()))
+
+
+def test_several_folders_get_their_own_summary_and_one_figure(tmp_path, capsys, monkeypatch):
+    """Each OUT keeps its own summary.md (differences from its own start); --figure draws
+    the rows of all of them, each labelled with its folder."""
+    heldout = _puzzles(tmp_path / "set.jsonl", [(True, True, True)] * 4)
+    for name, start, rl in (("a", [True, False, False, False], [True, True, False, False]),
+                            ("b", [True, True, True, False], [True, True, False, False])):
+        _write_eval(tmp_path / name / "start", start)
+        _write_eval(tmp_path / name / "rl-s0", rl)
+    png, drawn, draw = tmp_path / "both.png", [], summary.figure
+    monkeypatch.setattr(summary, "figure", lambda table, path: drawn.append(table) or draw(table, path))
+    assert summary.main([str(tmp_path / "a"), str(tmp_path / "b"), "--heldout", heldout, "--figure", str(png)]) == 0
+    assert "| rl-s0 | 0.500 | +0.250 [" in (tmp_path / "a" / "summary.md").read_text()
+    assert "| rl-s0 | 0.500 | -0.250 [" in (tmp_path / "b" / "summary.md").read_text()
+    assert png.stat().st_size > 0 and (tmp_path / "b" / "smollm2-kk-rl.png").exists()
+    assert str(png) in capsys.readouterr().out
+    assert [r.get("label") for r in drawn[-1]] == ["a: start", "a: rl-s0", "b: start", "b: rl-s0"]
