@@ -12,7 +12,10 @@
 # Usage: bash scripts/smollm2_kk_rl.sh [OUT]  (default results/smollm2-kk-compact; the weights
 # stay under runs/). SEEDS="0 1" and THREADS=2 by default; START=ADAPTER_FOLDER runs the same
 # from another supervised start (lm_warmstart --out) into its own OUT: results/smollm2-kk-rl
-# is START=checkpoints/smollm2-kk-sft's. Needs scripts/fetch_smollm2.py first.
+# is START=checkpoints/smollm2-kk-sft's. RL_ARGS adds options to train.py: the preset's lr,
+# prompts a step and steps were 2e-4, 2 and 30 for results/smollm2-kk-rl and
+# results/smollm2-kk-compact (RL_ARGS="--lr 2e-4 --prompts-per-step 2 --steps 30" reruns them).
+# Needs scripts/fetch_smollm2.py first.
 set -euo pipefail
 OUT=${1:-results/smollm2-kk-compact}
 SEEDS=${SEEDS:-0 1}
@@ -36,8 +39,9 @@ for s in $SEEDS; do
       python train.py --resume "$run" --no-progress
     else
       rm -rf "$run"
+      # shellcheck disable=SC2086  # RL_ARGS: several options, split on purpose
       python train.py --preset smollm2-kk --model "$START" --seed "$s" --eval-before --threads "$THREADS" \
-        --run-dir "$run" --no-progress
+        --run-dir "$run" --no-progress ${RL_ARGS:-}
     fi
   fi
   mkdir -p "$OUT/rl-s$s"
