@@ -27,7 +27,10 @@ the reference trace is where it went wrong; this script names the kind of that l
 
 Printed per file: how many responses have each first deviation, and how many of those
 answered right (a wrong step can still land on the solution). With ``--start``, the same
-for the puzzles each policy lost (the start right, the policy wrong) and gained.
+for the puzzles each policy lost (the start right, the policy wrong) and gained. With
+``--tokens-over N``, also how many of each kind are longer than N tokens (the model's
+tokenizer, the end-of-turn token counted as a sampler counts it): what an RL run sampling
+at most N new tokens would have cut off and scored as a format error.
 """
 from __future__ import annotations
 
@@ -96,12 +99,22 @@ def kinds(path, puzzles: dict[int, dict]) -> dict[int, tuple[str, bool]]:
             for r in load_jsonl(path)}
 
 
-def table(found: dict[int, tuple[str, bool]], only=None) -> str:
-    """One line per kind: responses (of which right)."""
-    rows = [found[i] for i in (only if only is not None else found)]
-    total, right = Counter(k for k, _ in rows), Counter(k for k, c in rows if c)
-    lines = [f"  {kind:<22} {total[kind]:4d}  ({right[kind]} right)" for kind in KINDS if total[kind]]
-    return "\n".join(lines + [f"  {'all':<22} {len(rows):4d}  ({sum(right.values())} right)"])
+def response_tokens(path, tokenizer) -> dict[int, int]:
+    """{puzzle index: the response's length in tokens, + 1 for the end-of-turn token}."""
+    return {int(r["index"]): len(tokenizer(r["response"], add_special_tokens=False)["input_ids"]) + 1
+            for r in load_jsonl(path)}
+
+
+def table(found: dict[int, tuple[str, bool]], only=None, over: set | None = None) -> str:
+    """One line per kind: responses (of which right; of which in ``over``, when given)."""
+    ids = list(only if only is not None else found)
+
+    def line(name: str, these: list[int]) -> str:
+        text = f"  {name:<22} {len(these):4d}  ({sum(found[i][1] for i in these)} right"
+        return text + (f", {sum(i in over for i in these)} over the budget)" if over is not None else ")")
+
+    by_kind = {kind: [i for i in ids if found[i][0] == kind] for kind in KINDS}
+    return "\n".join([line(kind, these) for kind, these in by_kind.items() if these] + [line("all", ids)])
 
 
 def main(argv=None) -> int:
@@ -109,20 +122,32 @@ def main(argv=None) -> int:
     ap.add_argument("responses", nargs="+", help="JSON Lines written by eval.py --save-responses")
     ap.add_argument("--data", default="data/heldout3.jsonl", help="the puzzles the responses answer")
     ap.add_argument("--start", help="the start's responses: also break down each policy's lost and gained puzzles")
+    ap.add_argument("--tokens-over", type=int, metavar="N", help="also count the responses longer than N tokens")
+    ap.add_argument("--tokenizer", default="models/smollm2-135m-instruct", help="the tokenizer of --tokens-over")
     a = ap.parse_args(argv)
     puzzles = {int(p["index"]): p for p in load_jsonl(a.data)}
+    tokenizer = None
+    if a.tokens_over is not None:
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(a.tokenizer)
+
+    def over(path) -> set | None:
+        if tokenizer is None:
+            return None
+        return {i for i, n in response_tokens(path, tokenizer).items() if n > a.tokens_over}
+
     start = kinds(a.start, puzzles) if a.start else None
     if start:
-        print(f"{a.start} (the start)\n{table(start)}")
+        print(f"{a.start} (the start)\n{table(start, over=over(a.start))}")
     for path in a.responses:
-        found = kinds(path, puzzles)
-        print(f"{path}\n{table(found)}")
+        found, long = kinds(path, puzzles), over(path)
+        print(f"{path}\n{table(found, over=long)}")
         if start:
             lost = [i for i in found if start[i][1] and not found[i][1]]
             gained = [i for i in found if found[i][1] and not start[i][1]]
             print(f" lost ({len(lost)} puzzles the start answered right): its first deviation there\n"
-                  f"{table(found, lost)}")
-            print(f" gained ({len(gained)}):\n{table(found, gained)}")
+                  f"{table(found, lost, long)}")
+            print(f" gained ({len(gained)}):\n{table(found, gained, long)}")
     return 0
 
 

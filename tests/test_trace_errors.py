@@ -69,3 +69,19 @@ def test_the_table_counts_right_answers_per_kind(tmp_path):
     assert trace_errors.kinds(path, {0: RECORD, 1: RECORD}) == {0: ("faithful", True), 1: ("skips a check", True)}
     text = trace_errors.table({0: ("faithful", True), 1: ("skips a check", True), 2: ("skips a check", False)})
     assert "skips a check             2  (1 right)" in text and "all                       3  (2 right)" in text
+
+
+def test_the_table_counts_responses_over_a_token_budget(tmp_path):
+    """--tokens-over N: per kind, the responses an RL run sampling N new tokens would cut off
+    (the end-of-turn token counted)."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"index": i, "response": text, "correct": True}) + "\n"
+                            for i, text in enumerate(["a b c", "a b c d e"])))
+    words = lambda text, add_special_tokens: {"input_ids": text.split()}   # noqa: E731  one token a word
+    assert trace_errors.response_tokens(path, words) == {0: 4, 1: 6}
+    found = {0: ("faithful", True), 1: ("skips a check", True), 2: ("skips a check", False)}
+    text = trace_errors.table(found, over={1, 2})
+    assert "faithful                  1  (1 right, 0 over the budget)" in text
+    assert "skips a check             2  (1 right, 2 over the budget)" in text
+    assert "all                       3  (2 right, 2 over the budget)" in text
+    assert "over" not in trace_errors.table(found)
