@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import sys
-from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lopti_minimal.task import explain  # noqa: E402
