@@ -35,7 +35,6 @@ at most N new tokens would have cut off and scored as a format error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
