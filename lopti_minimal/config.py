@@ -387,7 +387,7 @@ PRESETS: dict[str, dict] = {
     # adapters on top. Groups of 8, four prompts a step, lr 5e-5, 10 steps (about an hour on
     # 2 CPU cores): measured from the 250-step start, lr 2e-4 with 2 prompts a step lost 7
     # points of held-out accuracy in 10 steps, this setting 3.7; from this start it moved
-    # +0.3 (results/smollm2-kk-396/).
+    # +0.3 and +0.5 (two seeds; results/smollm2-kk-396/).
     "smollm2-kk": dict(model="checkpoints/smollm2-kk-sft-compact-396", lora_rank=8, lr=5e-5, prompts_per_step=4,
                        group_size=8, max_new_tokens=384, max_prompt_len=512, steps=10,
                        rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=100,
