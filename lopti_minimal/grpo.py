@@ -35,6 +35,13 @@ Design choices:
    its gradient, never exist whole (557 MB per micro-batch of SmolLM2's 49,152-entry
    vocabulary), and each row's passes stay in the cache. The same ops, row by row: the
    same bits as the whole-tensor expression, values and gradients (tested).
+7. The log-probs read the model's [B, R + 1, V] logits whole, the extra last position
+   included, rather than the [B, R, V] slice of the positions that predict a response
+   token: the slice is not contiguous, and flattening it copied the logits (236 MB for 8
+   rows of 300 tokens of SmolLM2) in the forward pass and again in the backward, and its
+   gradient was built apart and then copied into a zero [B, R + 1, V] tensor. The extra
+   position's gradient is 0, as before, so the LM head's backward multiplies the same
+   numbers: the same bits (tested), fewer bytes and less time (docs/PERFORMANCE.md).
 """
 from __future__ import annotations
 
@@ -184,12 +191,16 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids_from_mask(attention_mask),
                 use_cache=False, logits_to_keep=R + 1)
-    logits = out.logits[:, -(R + 1):-1, :]                           # [B, R, V]
-    # log_softmax(z / T)_y = z_y / T - logsumexp(z / T), a few rows at a time (choice 6)
-    logp = TargetLogProb.apply(logits, input_ids[:, prompt_len:], temperature)
+    # log_softmax(z / T)_y = z_y / T - logsumexp(z / T), a few rows at a time (choice 6),
+    # over all R + 1 kept positions: the last one predicts past the end (its target is a
+    # stand-in, its value dropped), so the [B, R + 1, V] logits are read in place, never
+    # copied out of a slice, and their gradient is written in place (design choice 7)
+    targets = torch.nn.functional.pad(input_ids[:, prompt_len:], (0, 1))
+    logp = TargetLogProb.apply(out.logits, targets, temperature)[:, :-1]
     logp = torch.nn.functional.pad(logp, (0, R_full - R))
     if not entropy:
         return logp
+    logits = out.logits[:, :-1, :]                                   # [B, R, V]
     # H = logsumexp(z) - sum_v softmax(z)_v z_v, from the same logits (z = logits / T)
     z = logits.float() / temperature
     ent = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)

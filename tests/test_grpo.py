@@ -205,6 +205,36 @@ def test_row_chunked_log_prob_is_the_whole_tensor_expression_bit_for_bit(dtype, 
         assert (b.grad.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
+def test_log_probs_over_the_whole_logits_are_the_sliced_expression_bit_for_bit():
+    """token_logprobs (grpo.py, choice 7) reads the model's [B, R + 1, V] logits whole; the
+    expression it replaced sliced out the R positions that predict a response token first.
+    Under bf16 autocast, with left and right padding and a weighted loss: the same
+    log-probs and the same gradient of every parameter, to the bit."""
+    model = tiny_llama(seed=3).train()
+    r, _ = rollout_batch(model.eval())
+    ids, mask, P = r.input_ids, r.attention_mask, r.prompt_len
+    R = ids.shape[1] - P
+    w = torch.linspace(-1, 1, R) * r.response_mask
+
+    def grads(logp_fn):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lp = logp_fn()
+        (lp * w).sum().backward()
+        return lp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    def sliced():          # the slice, flattened (a copy), as before choice 7
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                    use_cache=False, logits_to_keep=R + 1)
+        return TargetLogProb.apply(out.logits[:, :-1, :], ids[:, P:], 0.7)
+
+    lp_new, g_new = grads(lambda: token_logprobs(model, ids, mask, P, 0.7))
+    lp_old, g_old = grads(sliced)
+    assert torch.equal(lp_new, lp_old)
+    assert all(torch.equal(a, b) for a, b in zip(g_new, g_old))
+    assert any(g.abs().sum() > 0 for g in g_new)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_ratio_exactly_one_at_first_update(device):
     model = tiny_llama(device=device)
