@@ -50,6 +50,7 @@ import math
 
 import torch
 
+from . import precision
 from .batch import Rollout, position_ids_from_mask
 
 
@@ -466,6 +467,7 @@ def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor 
                 metrics.micro_batch(loss, st)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
+            precision.weights_changed()     # the next forward casts the new weights
             metrics.optimizer_step(grad_norm)
     optimizer.zero_grad(set_to_none=True)
     return metrics.result()

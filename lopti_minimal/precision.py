@@ -25,7 +25,15 @@ The design choices, each with its reason:
 4. Hardware is checked before any model is loaded (``check_hardware``): a CUDA device on
    a machine without CUDA, or bf16 on a GPU without it, is a one-line error that says what
    to use instead.
-5. On CUDA, attention never runs cuDNN's kernel (``attention_kernels``); PyTorch's flash
+5. An optimizer step forgets autocast's bf16 copies of the weights (``weights_changed``).
+   Inside one autocast region torch casts each float32 weight to bf16 once and reuses that
+   copy until the region ends; an optimizer step changes the weights in place, which the
+   copy does not see. The update runs inside one region (trainer.rl_step), so without this
+   a second optimizer step (Lopti's stage 2, Algorithm 1; a second mini-batch) and the
+   probe after the update computed with the weights from before the first step, where the
+   reference's FSDP mixed precision casts the current parameters at every forward.
+   Clearing the copies costs one cast per weight per step (tests/test_precision.py).
+6. On CUDA, attention never runs cuDNN's kernel (``attention_kernels``); PyTorch's flash
    and memory-efficient kernels do. With cuDNN's kernel the default tiny run's gradient
    norm went NaN, a decode step failed inside cuDNN, and sampling was several times slower
    (a new cuDNN graph for each new sequence length): results/gpu/ has the measurement.
@@ -85,7 +93,7 @@ def check_hardware(cfg) -> None:
 
 
 def attention_kernels(device) -> None:
-    """Design choice 5: turn off cuDNN's attention for CUDA runs (a process-wide switch of
+    """Design choice 6: turn off cuDNN's attention for CUDA runs (a process-wide switch of
     torch's scaled_dot_product_attention, which transformers' attention calls)."""
     if str(device).startswith("cuda"):       # "cuda", "cuda:1" or a torch.device; not "cpu"/"auto"
         torch.backends.cuda.enable_cudnn_sdp(False)
@@ -97,6 +105,12 @@ def autocast(cfg, device):
     device_type = torch.device(device).type
     enabled = cfg.autocast_bf16 and device_type in ("cpu", "cuda")
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def weights_changed() -> None:
+    """Design choice 5: after an optimizer step inside an autocast region, drop autocast's
+    cached bf16 casts of the weights, so that the next forward casts the updated ones."""
+    torch.clear_autocast_cache()
 
 
 def reference_copy(model, dtype: torch.dtype | None = None):

@@ -94,7 +94,7 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
 
 
 def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
-    """precision.py design choice 5: a CUDA run's attention avoids cuDNN's kernel (on an
+    """precision.py design choice 6: a CUDA run's attention avoids cuDNN's kernel (on an
     H200 it made the default run's gradient NaN at step 3, results/gpu/). The switch is
     process-wide, so it is checked on a CPU: attention_kernels("cuda") turns it off,
     "cpu" leaves it, and a run on CUDA (or "auto" with CUDA visible) asks for it."""
@@ -120,3 +120,38 @@ def test_cuda_runs_turn_off_cudnn_attention(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # "auto" on a CPU machine
     plumbing.Run(make_config("ci", device="auto", run_dir=str(tmp_path / "auto-cpu")))
     assert asked[-1] == "auto"
+
+
+def test_an_optimizer_step_inside_autocast_is_seen_by_the_next_forward():
+    """precision.py design choice 5. The update runs inside one bf16 autocast region, whose
+    cached bf16 casts of the weights would outlive an optimizer step: a second mini-batch
+    (or Lopti's stage 2) would then compute with the weights from before the first step.
+    Two mini-batches in one region must give the weights that two regions give, one per
+    mini-batch, to the bit, and a forward after the update must see it."""
+    import copy
+    from conftest import BOS, EOS, PAD, generator, tiny_llama, update_batch
+    from lopti_minimal.config import TrainConfig
+    from lopti_minimal.grpo import group_advantages, grpo_update, token_logprobs
+    from lopti_minimal.sampling import sample_groups
+
+    model = tiny_llama(seed=2)
+    r = sample_groups(model.eval(), [[BOS, 5, 6, 7], [BOS, 9]], group_size=4, max_new_tokens=10,
+                      temperature=1.0, eos_token_id=EOS, pad_token_id=PAD, generator=generator("cpu", 0))
+    batch = update_batch(r, group_advantages(torch.tensor([3.0, -1.0, 0.5, -3.0] * 2), 4))
+    cfg = TrainConfig(lr=1e-2, kl_coef=0.0, mini_batch_size=4, micro_batch_size=4)
+    one, two = copy.deepcopy(model), copy.deepcopy(model)
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)   # noqa: E731
+
+    with bf16():                                    # both mini-batches in one region
+        grpo_update(one, torch.optim.SGD(one.parameters(), lr=cfg.lr), batch, cfg)
+        after = token_logprobs(one, r.input_ids, r.attention_mask, r.prompt_len, 1.0)
+    opt = torch.optim.SGD(two.parameters(), lr=cfg.lr)
+    for half in (slice(0, 4), slice(4, 8)):          # a region per mini-batch
+        with bf16():
+            grpo_update(two, opt, batch.rows(half), cfg)
+    with bf16():
+        fresh = token_logprobs(two, r.input_ids, r.attention_mask, r.prompt_len, 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(one.parameters(), two.parameters()))
+    assert torch.equal(after, fresh)
+    # the update moved the weights the forward casts (a stale cast could not pass the above)
+    assert any(not torch.equal(a, b) for a, b in zip(one.lm_head.parameters(), model.lm_head.parameters()))
