@@ -153,5 +153,5 @@ def test_an_optimizer_step_inside_autocast_is_seen_by_the_next_forward():
         fresh = token_logprobs(two, r.input_ids, r.attention_mask, r.prompt_len, 1.0)
     assert all(torch.equal(a, b) for a, b in zip(one.parameters(), two.parameters()))
     assert torch.equal(after, fresh)
-    # the update moved the weights the forward casts (a stale cast could not pass the above)
+    # the lm_head weights (cast by autocast) really moved, so a stale cast would show above
     assert any(not torch.equal(a, b) for a, b in zip(one.lm_head.parameters(), model.lm_head.parameters()))
