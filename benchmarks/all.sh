@@ -6,14 +6,14 @@
 #   bash benchmarks/all.sh [OUT]        # default OUT: runs/bench; THREADS=2 by default
 #
 # About an hour on a 2-core CPU, most of it the two TRL comparisons. Needs the environment of
-# requirements.txt plus TRL (`pip install -r requirements-trl.txt`) and SmolLM2-135M-Instruct (fetched here
+# requirements.txt (TRL included) and SmolLM2-135M-Instruct (fetched here
 # with scripts/fetch_smollm2.py if models/ lacks it).
 set -euo pipefail
 OUT=${1:-runs/bench}
 T=${THREADS:-2}
 mkdir -p "$OUT"
 python -c "import trl" 2>/dev/null || {
-  echo "error: TRL is not installed: pip install -r requirements-trl.txt" >&2; exit 2; }
+  echo "error: TRL is not installed: pip install -r requirements.txt" >&2; exit 2; }
 [ -f models/smollm2-135m-instruct/config.json ] || python scripts/fetch_smollm2.py
 run() {   # NAME COMMAND...: the command's output to OUT/NAME.txt and the terminal
   echo "== $1: ${*:2}"

@@ -4,7 +4,7 @@ A printed figure, not a test.
 TRL is not a dependency of the package: it is an optional extra, pinned in the repository
 root's requirements-trl.txt (the version the TRL subclass and its tests use):
 
-    pip install -r requirements.txt -r requirements-trl.txt
+    pip install -r requirements.txt
     python benchmarks/trl_side_by_side.py --threads 2
     python benchmarks/trl_side_by_side.py --threads 2 --preset smollm2-cpu --steps 2
 

@@ -486,7 +486,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lora_rank:
         import importlib.util
         if importlib.util.find_spec("peft") is None:
-            raise TrainError("lora-rank needs peft: pip install -r requirements-lora.txt")
+            raise TrainError("lora-rank needs peft: pip install -r requirements.txt (or the lora extra)")
     if cfg.heldout_steps and not cfg.heldout_data:
         raise TrainError("heldout-steps needs --heldout-data (the puzzles to evaluate on)")
     if any(int(s) < 1 for s in cfg.heldout_steps):

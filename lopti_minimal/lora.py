@@ -6,7 +6,7 @@ masks, and the update only sees fewer trainable parameters.
 
 Design choices:
 
-1. Optional: peft is an extra (`pip install -r requirements-lora.txt`, or ".[lora]"),
+1. Optional: peft is an extra (".[lora]"; requirements.txt installs it),
    imported only when `lora_rank > 0`.
 2. Adapters on every linear layer of the attention and MLP blocks, LoRA's scale alpha = 2 x
    rank, no dropout (dropout would make pi_theta random and the PPO ratio noisy).
@@ -39,7 +39,7 @@ def _peft():
     try:
         import peft
     except ImportError as e:
-        raise ImportError("lora_rank > 0 needs peft: pip install -r requirements-lora.txt "
+        raise ImportError("lora_rank > 0 needs peft: pip install -r requirements.txt "
                           "(or pip install 'lopti-minimal[lora]')") from e
     return peft
 

@@ -1,7 +1,8 @@
 """AR and Lopti on top of TRL's `GRPOTrainer` (TRL 1.16.0): `LoptiGRPOTrainer`, plus
 `trl_grpo_args`, the one place that maps our configuration onto TRL's arguments.
 
-Optional: the core package never imports it (nor TRL); `pip install -r requirements-trl.txt`.
+Optional: the core package never imports it (nor TRL); requirements.txt installs TRL (for
+the package: the `trl` extra).
 The algorithms live in `reweight.py` (Eq. 4) and `lopti.py` (Algorithm 1); this module only
 teaches TRL to run them, and `tests/test_trl_grpo.py` checks that one TRL update equals our
 `grpo_update` / `lopti_update` on the same batch (`tests/test_trl_multiprocess.py`: also

@@ -1,7 +1,7 @@
 """K&K RL with TRL's GRPOTrainer + AR + Lopti (lopti_minimal/trl_grpo.py): our data, our
 reward, our settings, TRL's training loop (generation, accelerate, DeepSpeed, logging).
 
-    pip install -r requirements.txt -r requirements-trl.txt
+    pip install -r requirements.txt
     python scripts/train_trl.py                                  # tiny warm start, CPU, AR+Lopti
     python scripts/train_trl.py --method grpo --steps 10         # the baseline
     python scripts/train_trl.py --preset ci                      # seconds: every part once

@@ -51,7 +51,6 @@ def test_sampler_speed(tmp_path):
 
 
 def test_trl_side_by_side(tmp_path):
-    pytest.importorskip("trl")          # CI installs it (requirements-trl.txt)
     res = run_benchmark("trl_side_by_side.py", *SMALL, "--steps", "1", "--warmup", "0",
                         json_out=tmp_path / "t.json")
     assert res["trl"]["tokens"] > 0 and res["ours"]["tokens"] > 0

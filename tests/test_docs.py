@@ -106,3 +106,24 @@ def test_readme_stays_a_guide():
     opening = text[:text.index("\n## ")]
     for command in ("pip install -r requirements.txt", "python train.py", "python -m pytest -q"):
         assert command in opening, f"the README opens without {command!r}"
+
+
+def readme_first_commands() -> list[str]:
+    """The commands of the README's first bash block (its opening: install, main job, tests),
+    comments stripped."""
+    block = re.search(r"^```bash\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_ci_runs_exactly_the_readme_install_and_tests():
+    """.ci/run's commands after its venv are the README's install and test commands, as
+    written and in order, and nothing else installs or runs there: what CI tests is what a
+    newcomer's two commands give."""
+    readme = readme_first_commands()
+    install = [c for c in readme if c.startswith("pip ")]
+    tests = [c for c in readme if "pytest" in c]
+    assert len(install) == 1 and len(tests) == 1, readme
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert f"INSTALL='{install[0]}'" in ci and f"TEST='{tests[0]}'" in ci
+    after_venv = ci[ci.index(". .venv/bin/activate") + 1:]
+    assert [line for line in after_venv if line.strip() and not line.startswith("#")] == install + tests

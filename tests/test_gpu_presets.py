@@ -93,7 +93,6 @@ def test_gpu_check_with_lora_on_cpu(tmp_path, capsys, eager_compile):
     scaled-down shape. Only the adapters train (the watched parameter is a B matrix, zero
     at the start, which the lr-1e-6 step moves), the estimate counts their gradients and
     optimizer state alone, and the JSON says what a bf16 merge (a saved checkpoint) keeps."""
-    pytest.importorskip("peft")
     gc = load_script("scripts/gpu_check.py")
     out = tmp_path / "gc.json"
     rc = gc.main(["--device", "cpu", "--preset", "qwen2.5-3b", "--shape", "scaled-down", "--steps", "1",

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("peft")     # the `lora` extra (requirements-lora.txt; CI installs it)
-
 from lopti_minimal import models  # noqa: E402
 from lopti_minimal.experiments import lm_warmstart as lw  # noqa: E402
 from lopti_minimal.lora import add_lora, adapter_state, save_adapter  # noqa: E402

@@ -6,8 +6,6 @@ import copy
 import pytest
 import torch
 
-pytest.importorskip("peft")     # the `lora` extra (requirements-lora.txt; CI installs it)
-
 from dataclasses import replace  # noqa: E402
 
 from lopti_minimal.config import TrainConfig  # noqa: E402

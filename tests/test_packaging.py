@@ -14,9 +14,6 @@ from conftest import ROOT
 
 tomllib = pytest.importorskip("tomllib")     # Python 3.11+
 
-# requirements.txt lines that are for the tests and the tutorial, not the package
-TEST_ONLY = {"pytest", "hypothesis", "nbclient", "nbformat", "ipykernel"}
-
 
 def requirements(path):
     """{name: specifier} of a requirements file (comments and blank lines skipped)."""
@@ -40,19 +37,19 @@ def project():
 
 
 def test_requirements_agree_with_pyproject():
-    """Same names and the same lower bounds: requirements.txt's core = dependencies, its
-    test lines = the `test` extra, requirements-trl.txt = the `trl` extra,
-    requirements-lora.txt = the `lora` extra."""
+    """requirements.txt, the repository's one environment (the README's install, what the
+    tests and the tutorial need), is the package's core dependencies plus its extras `trl`,
+    `lora` and `test`, with the same lower bounds; the package's core stays without TRL and
+    peft (a user of `pip install .` gets them only by asking for the extra)."""
     req = requirements("requirements.txt")
-    core = {k: v for k, v in req.items() if k not in TEST_ONLY}
-    test = {k: v for k, v in req.items() if k in TEST_ONLY}
-    assert set(test) == TEST_ONLY
     p = project()
-    assert as_dict(p["dependencies"]) == core
-    assert as_dict(p["optional-dependencies"]["test"]) == test
-    assert as_dict(p["optional-dependencies"]["trl"]) == requirements("requirements-trl.txt")
-    assert as_dict(p["optional-dependencies"]["lora"]) == requirements("requirements-lora.txt")
-    assert "peft" not in core and "trl" not in core          # optional, never core
+    core = as_dict(p["dependencies"])
+    extras = {name: as_dict(p["optional-dependencies"][name]) for name in ("trl", "lora", "test")}
+    expected = dict(core)
+    for specs in extras.values():
+        expected.update(specs)
+    assert req == expected
+    assert "peft" not in core and "trl" not in core          # optional for the package
     assert "version" in p["dynamic"]
 
 

@@ -92,7 +92,6 @@ def test_readme_own_trainer_example():
 def test_readme_trl_example(tmp_path, monkeypatch):
     """The TRL example trains as written: one generation batch, Lopti's two optimizer steps,
     on the shipped warm start (a few seconds)."""
-    pytest.importorskip("trl")
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
     exec(readme_example("trl"), ns)

@@ -74,7 +74,6 @@ def test_shipped_adapter_answers_in_the_rewards_format(smollm2_dir, folder, mark
     or the official opening), </think>, then one role per person (greedy, 3 held-out
     puzzles; 400 of 400 format-valid in results/smollm2-kk-compact/start/ and
     results/smollm2-sft/, 389 in results/smollm2-kk-compact/pilot-sft-s0-146steps/)."""
-    pytest.importorskip("peft")
     from lopti_minimal.task.evaluate import read_records
     model, tok = load_model_and_tokenizer(str(ROOT / "checkpoints" / folder), device="cpu")
     records = read_records(str(ROOT / "data" / "heldout3.jsonl"))[:3]

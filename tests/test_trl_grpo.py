@@ -18,7 +18,7 @@ import copy
 
 import pytest
 
-trl = pytest.importorskip("trl")   # CI installs it (requirements-trl.txt)
+import trl  # noqa: E402  (requirements.txt installs it)
 
 import torch  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402

@@ -17,21 +17,19 @@ gloo group. The tests check that two ranks really ran.
 """
 import json
 import os
-import shutil
 import subprocess
+import sys
 
 import pytest
+import torch
 
-pytest.importorskip("trl")
-if shutil.which("accelerate") is None:
-    pytest.skip("the accelerate command is not on PATH", allow_module_level=True)
+from conftest import ROOT, load_script
+from test_trl_grpo import setting  # noqa: F401  (the module-scoped fixture)
 
-import torch  # noqa: E402
-
-from conftest import ROOT, load_script  # noqa: E402
-from test_trl_grpo import setting  # noqa: E402,F401  (the module-scoped fixture)
-
-LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+# `accelerate launch` through the running interpreter: the same as the `accelerate` command,
+# and found in a venv that was not activated (the command is then not on PATH).
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+          "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
