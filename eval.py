@@ -22,9 +22,10 @@ Design choices:
 5. The per-size response budget defaults to the run's (or the tiny model's) settings;
    --max-new-tokens N sets one budget for every size.
 6. The options that are settings of a run (sizes, puzzles per size, batch, temperature,
-   seed, decoder, the mmap threshold) take their defaults and choices from TrainConfig, so
-   eval.py evaluates as a run's evaluation does; a run directory's prompt style, budget and
-   decoder are its own (runs.config_from_json, old runs too).
+   seed, decoder, the mmap threshold) take their defaults, choices and ranges from
+   TrainConfig (config.RANGES), so eval.py evaluates as a run's evaluation does; a run
+   directory's prompt style, budget and decoder are its own (runs.config_from_json, old
+   runs too).
 
 Writes a JSON report (default: RUN_DIR/eval-<data>.json for a run, else
 runs/eval/<model>-<time>.json) and prints a table. Bad input: one line, exit code 2.
@@ -38,7 +39,14 @@ from pathlib import Path
 
 from lopti_minimal import host_memory
 from lopti_minimal.cli import HelpFormatter, one_line_error
-from lopti_minimal.config import DECODERS, TrainConfig as C
+from lopti_minimal.config import DECODERS, RANGES, TrainConfig as C, check_range, int_range
+
+# Each numeric option's range is its TrainConfig field's (config.RANGES: written once);
+# --samples is eval.py's own.
+OPTION_FIELDS = {"per_size": "eval_per_size", "temperature": "temperature", "max_new_tokens": "max_new_tokens",
+                 "batch_size": "eval_batch_size", "seed": "seed", "threads": "threads",
+                 "mmap_threshold_mb": "mmap_threshold_mb"}
+SAMPLES = int_range(1, why="1 = greedy")
 
 
 def parse_args(argv=None):
@@ -73,6 +81,13 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def check_options(a) -> None:
+    """A TrainError (one line: the option, the value, the range) for a number out of range."""
+    for dest, field in OPTION_FIELDS.items():
+        check_range("--" + dest.replace("_", "-"), getattr(a, dest), RANGES[field])
+    check_range("--samples", a.samples, SAMPLES)
+
+
 def load_data(a) -> tuple[list[dict], str]:
     from lopti_minimal.task import kk
     from lopti_minimal.task.evaluate import read_records
@@ -94,14 +109,9 @@ def main(argv=None) -> int:
     from lopti_minimal.runs import RUNS_ROOT, config_from_json, resolve_model_source
     from lopti_minimal.task.evaluate import evaluate_records, format_table, write_eval_json
     try:
-        if a.samples < 1:
-            raise ValueError(f"--samples must be >= 1, got {a.samples}")
-        if a.samples > 1 and a.temperature <= 0:
-            raise ValueError("--temperature must be > 0 for sampled evaluation")
+        check_options(a)                  # its TrainError is a ValueError
         if a.threads:
             torch.set_num_threads(a.threads)
-        if a.mmap_threshold_mb < 0:
-            raise ValueError(f"--mmap-threshold-mb must be >= 0, got {a.mmap_threshold_mb}")
         # freed KV caches go back to the kernel, oneDNN keeps a bounded number of kernels
         host_memory.bound_process_memory(a.mmap_threshold_mb)
         records, tag = load_data(a)

@@ -22,10 +22,14 @@ Design choices (Yang et al. 2025, arXiv 2505.12929; in full: docs/ARCHITECTURE.m
 7. bf16 autocast on float32 master weights; cpu-tiny deviates from the paper's
    hyperparameters only where it must (config.py says which and why).
 
-Bad input (unknown method, alpha outside [0, 1], eta outside (0, 1], group size < 2,
-unreadable data or model, a --resume directory that is not a run, a checkpoint whose
-trainer_state.pt is not plain data: runs.read_state) prints one line and exits with code 2
-before anything is written.
+Bad input (unknown method, any number outside its range -- alpha outside [0, 1], top-p
+outside (0, 1], an infinite lr: config.RANGES --, unreadable data or model, a --resume
+directory that is not a run, a checkpoint whose trainer_state.pt is not plain data:
+runs.read_state) prints one line and exits with code 2 before anything is written. A
+non-finite reward, advantage, loss or gradient norm during the run updates nothing: by
+default the run stops with one line that names it and its step, exit code 3, its last
+checkpoint good (--resume continues from it); --on-nonfinite skip skips such updates
+(precision.py, choice 7).
 """
 from __future__ import annotations
 
@@ -54,7 +58,13 @@ def parse_args(argv=None):
                          "(about 2.7 hours on a 2-core AMD EPYC; fewer minutes: a weaker warm start)")
     add_options(ap.add_argument_group("run options (preset values unless given)"))
     ap.error = one_line_error
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    from lopti_minimal.config import Range, TrainError, check_range
+    try:        # the run options are checked by config.validate; this one is the command's
+        check_range("warmstart-minutes", a.warmstart_minutes, Range(0, ends="()"))
+    except TrainError as e:
+        ap.error(str(e))
+    return a
 
 
 def build_config(a):
@@ -62,7 +72,8 @@ def build_config(a):
     from lopti_minimal.config import make_config, overrides
     from lopti_minimal.plumbing import resume_config
     if a.resume:
-        return resume_config(a.resume, steps=a.steps, progress=a.progress is not False)
+        return resume_config(a.resume, steps=a.steps, progress=a.progress is not False,
+                             on_nonfinite=a.on_nonfinite)
     return make_config(a.preset, **overrides(a))
 
 
@@ -91,6 +102,7 @@ def ensure_model(cfg, a) -> None:
 def main(argv=None) -> int:
     a = parse_args(argv)
     from lopti_minimal.config import TrainError
+    from lopti_minimal.precision import NonFiniteError
     from lopti_minimal.trainer import train
     try:
         cfg = build_config(a)
@@ -100,6 +112,9 @@ def main(argv=None) -> int:
     except TrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:          # the run stopped on a NaN; its last checkpoint is good
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("\ninterrupted: continue with  python train.py --resume <run dir>  "
               "(from the latest checkpoint)", file=sys.stderr)

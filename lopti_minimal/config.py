@@ -8,7 +8,11 @@ Design choices:
    and `overrides` reads them back. The method's functions (grpo.py, lopti.py,
    precision.build_optimizer) read the same object. Validation (`validate`) is the only
    other place an option appears, because a range ("alpha in [0, 1]") is a rule, not a
-   declaration.
+   declaration: every numeric field's range is one row of one table, `RANGES`, which
+   `validate` reads (eval.py checks its options against the same rows); rules across
+   fields stay in `validate`. A value outside its range, NaN, or an infinity where the
+   number must be finite is refused in one line that names the option, the value and the
+   range: nothing is accepted silently.
 2. The paper's settings are one marked section of it, "The method", each field with the
    paper's equation or the reference's name and value (the reference: the authors' verl
    fork, its K&K launch scripts scripts/train_kklogic_*_4x80GB.sh, Qwen2.5-3B and 7B on 4 x
@@ -29,7 +33,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import numbers
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from . import cli, host_memory
 from .cli import TrainError, option
@@ -57,6 +64,9 @@ ESTIMATORS = ("grpo", "reinforce_pp")
 LOPTI_ORDERS = ("low_first", "high_first")
 # Lopti's first stage: the tokens with pi_old < eta (Algorithm 1), or as many drawn at random
 LOPTI_SPLITS = ("probability", "random")
+# The optimizer state of Lopti's two stages: one, shared (the reference fork), or one per
+# stage, so stage 2 carries nothing of stage 1's gradient (lopti.py, choice 8)
+LOPTI_OPTIMIZERS = ("shared", "per_stage")
 # The decode step of sampling (sampling.sample_groups, decode.py): auto = lean on a CPU
 DECODERS = ("auto", "hf", "lean")
 # Every method logs `low_fraction`, the share of tokens with pi_old < eta (what Lopti's first
@@ -149,6 +159,13 @@ class TrainConfig:
     lopti_split: str = option("probability", "Lopti's first stage: probability (pi_old < eta, "
                               "Algorithm 1) | random (as many tokens, drawn at random: the "
                               "criterion's control)", choices=LOPTI_SPLITS)
+    # Not in the paper: the reference fork steps one AdamW in both stages, so stage 2's first
+    # moment still holds stage 1's gradient (about 0.47 g_low + 0.53 g_high on a fresh state);
+    # per_stage gives each stage's token set an AdamW of its own (lopti.py, choice 8)
+    lopti_optimizer: str = option("shared", "Lopti's optimizer state: shared (one for both stages, "
+                                  "the reference fork) | per_stage (one per stage: stage 2 steps on "
+                                  "its own gradient only; twice the optimizer memory)",
+                                  choices=LOPTI_OPTIMIZERS)
     # GRPO's group baseline (paper section 2), or REINFORCE++ = batch-whitened returns
     # (grpo.reinforce_pp_advantages): the reference offers both for every K&K script.
     estimator: str = option("grpo", "advantage estimator: grpo (group baseline) | reinforce_pp "
@@ -257,6 +274,13 @@ class TrainConfig:
     # reference AdamW (float32 state); adamw8bit: torchao's 8-bit AdamW with bf16 stochastic
     # rounding, for bf16 weights where float32 ones do not fit; adafactor (transformers)
     optimizer: str = option("adamw", "adamw | adamw8bit | adafactor")
+    # A non-finite reward, advantage, log-prob, loss or gradient norm never updates the
+    # weights (precision.py, choice 7): "stop" ends the run there (exit code 3) with its last
+    # checkpoint good, "skip" makes no update on it, logs it and goes on
+    on_nonfinite: str = option("stop", "a non-finite reward, advantage, loss or gradient norm: stop "
+                               "(the run ends; --resume continues from its last checkpoint) | skip "
+                               "(no update on it; the metrics line says so; also with --resume)",
+                               choices=("stop", "skip"))
     # On by default, on a CPU too: it keeps one micro-batch's activations per layer instead of
     # all of them, for one more forward in the backward; the gradients are bit for bit the
     # same (non-reentrant checkpointing, models.set_gradient_checkpointing; tested).
@@ -435,25 +459,125 @@ def make_config(preset: str = "cpu-tiny", **overrides) -> TrainConfig:
     return cfg
 
 
+# =======================================================================================
+# Ranges: the values every numeric field allows, each written once (design choice 1)
+# =======================================================================================
+
+class Range(NamedTuple):
+    """The values a numeric option allows: ``lo`` to ``hi``, each end closed or open as
+    ``ends`` says ("[]", "(]", "[)", "()"); ``integer``: whole numbers only; ``finite``: no
+    infinity (NaN is never allowed); ``why``: the reason, said with a refusal, where the
+    range is not obvious."""
+    lo: float
+    hi: float = math.inf
+    ends: str = "[]"
+    integer: bool = False
+    finite: bool = True
+    why: str = ""
+
+    def holds(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if self.integer else numbers.Real):
+            return False
+        if math.isnan(value) or (self.finite and math.isinf(value)):
+            return False
+        above = value > self.lo if self.ends[0] == "(" else value >= self.lo
+        below = value < self.hi if self.ends[1] == ")" else value <= self.hi
+        return above and below
+
+    def text(self) -> str:
+        """The range in words, after "must": "be an integer >= 1", "lie in (0, 1]"."""
+        if self.integer:
+            return f"be an integer >= {self.lo}" if self.hi == INT_MAX else f"be an integer in [{self.lo}, {self.hi}]"
+        if self.lo == -math.inf and self.hi == math.inf:
+            return "be a finite number"
+        if self.hi == math.inf:
+            return f"be a {'finite ' if self.finite else ''}number {'>' if self.ends[0] == '(' else '>='} {self.lo:g}"
+        return f"lie in {self.ends[0]}{self.lo:g}, {self.hi:g}{self.ends[1]}"
+
+
+# The largest count any option takes: a C int, what torch and glibc take for a count.
+INT_MAX = 2 ** 31 - 1
+
+
+def int_range(lo: int, hi: int = INT_MAX, why: str = "") -> Range:
+    """Whole numbers from ``lo`` to ``hi``."""
+    return Range(lo, hi, "[]", integer=True, why=why)
+
+
+# Every numeric field of TrainConfig (None, where a field allows it, means "not set" and is
+# not checked). eval.py checks its options against the rows of the fields they stand for.
+RANGES: dict[str, Range] = {
+    # --- the method (paper Eq. 1 and 4, Algorithm 1; the reference's settings)
+    "alpha": Range(0, 1, why="paper Eq. 4"),
+    "eta": Range(0, 1, "(]", why="Lopti's threshold on pi_old"),
+    "group_size": int_range(2, why="GRPO compares the responses within a group"),
+    "adv_eps": Range(0),
+    # logits / T in float32: below 0.01 sampling is greedy but for ties, and a large logit
+    # over a tiny T overflows to inf (NaN probabilities); above 100 it is uniform
+    "temperature": Range(0.01, 100, why="T divides the logits in float32"),
+    # AdamW moves each weight by about lr a step whatever the gradient's scale: above 1, by
+    # more than the size of any weight of an LM
+    "lr": Range(0, 1, "(]", why="AdamW moves a weight by about lr a step"),
+    "lr_scale": Range(0, ends="()"),
+    # AdamW scales each weight by 1 - lr x weight_decay a step (lr <= 1: never below 0)
+    "weight_decay": Range(0, 1),
+    # inf: no clipping (clip_grad_norm_ then scales by 1); 0 or less would zero or flip the step
+    "grad_clip": Range(0, ends="(]", finite=False, why="inf: no clipping"),
+    "eps_low": Range(0, 1, "[)", why="the ratio's lower clip bound 1 - eps-low must stay > 0"),
+    "eps_high": Range(0),
+    # the dual clip caps a negative advantage's loss at -A x c; with c <= 1 it would cut the
+    # surrogate already at ratio 1 (-A): verl's compute_policy_loss asserts clip_ratio_c > 1.0
+    "clip_c": Range(1, ends="()", why="the dual clip; verl asserts clip_ratio_c > 1"),
+    "kl_coef": Range(0),
+    # exp(20) already saturates k3's outer clamp; exp of a larger bound can overflow (grpo.kl_k3)
+    "kl_log_ratio_clamp": Range(0, 20, "(]", why="5 = the reference fork, 20 = current verl"),
+    "mini_batch_size": int_range(1), "micro_batch_size": int_range(1), "ppo_epochs": int_range(1),
+    # --- beyond the paper (token_fixes.py)
+    "entropy_top_quantile": Range(0, 1), "cispo_eps_low": Range(0, 1), "cispo_eps_high": Range(0),
+    "clip_cov_ratio": Range(0, 1, "(]"), "kl_cov_ratio": Range(0, 1, "(]"), "kl_cov_coef": Range(0),
+    "clip_cov_low": Range(-math.inf, ends="()"), "clip_cov_high": Range(-math.inf, ends="()"),
+    # --- schedule and data
+    "seed": int_range(0), "steps": int_range(1), "prompts_per_step": int_range(1),
+    "top_p": Range(0, 1, "(]", why="1 = off; 0 would keep no token"),
+    "top_k": int_range(0, why="0 = off"),
+    "max_new_tokens": int_range(1), "max_prompt_len": int_range(1),
+    "rl_per_size": int_range(1), "data_seed": int_range(0),
+    # --- numerics and hardware
+    "lora_rank": int_range(0, why="0 = off"), "rollout_chunk": int_range(0, why="0 = all prompts"),
+    # more threads than a machine's cores only slow a run (no CPU has 1,024 cores)
+    "threads": int_range(1, 1024, why="torch's CPU threads"),
+    # mallopt takes the threshold in bytes as a C int: 2,048 MiB and more would wrap around
+    "mmap_threshold_mb": int_range(0, 2047, why="0 = glibc's dynamic default"),
+    # --- the mechanism, the evaluation, the output
+    "grad_shares_every": int_range(0), "eval_every": int_range(0), "eval_per_size": int_range(1),
+    "eval_batch_size": int_range(1), "save_every": int_range(0),
+    "keep_checkpoints": int_range(0, why="0 keeps all"),
+}
+
+
+def check_range(name: str, value, allowed: Range) -> None:
+    """TrainError, one line naming the option, the value and the range, unless ``value``
+    lies in ``allowed`` (None: not set, nothing to check)."""
+    if value is None or allowed.holds(value):
+        return
+    why = f" ({allowed.why})" if allowed.why else ""
+    raise TrainError(f"{name} must {allowed.text()}{why}, got {value!r}")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Reject bad input with a message that says what is wrong and what is allowed."""
     if cfg.method not in METHODS:
         raise TrainError(f"unknown method {cfg.method!r}: choose one of {', '.join(METHODS)}")
-    if cfg.uses_ar and not 0.0 <= cfg.alpha <= 1.0:
-        raise TrainError(f"alpha must lie in [0, 1] (paper Eq. 4), got {cfg.alpha}")
-    if cfg.uses_lopti and not 0.0 < cfg.eta <= 1.0:
-        raise TrainError(f"eta must lie in (0, 1] (Lopti threshold on pi_old), got {cfg.eta}")
-    if not 0.0 <= cfg.entropy_top_quantile <= 1.0:
-        raise TrainError(f"entropy-top-quantile must lie in [0, 1], got {cfg.entropy_top_quantile}")
-    if not 0.0 <= cfg.cispo_eps_low <= 1.0 or not cfg.cispo_eps_high >= 0.0:
-        raise TrainError(f"cispo-eps-low must lie in [0, 1] and cispo-eps-high be >= 0, got "
-                         f"{cfg.cispo_eps_low}, {cfg.cispo_eps_high}")
-    if not (0.0 < cfg.clip_cov_ratio <= 1.0 and 0.0 < cfg.kl_cov_ratio <= 1.0):
-        raise TrainError(f"clip-cov-ratio and kl-cov-ratio must lie in (0, 1], got "
-                         f"{cfg.clip_cov_ratio}, {cfg.kl_cov_ratio}")
-    if not cfg.clip_cov_low < cfg.clip_cov_high or cfg.kl_cov_coef < 0:
-        raise TrainError(f"need clip-cov-low < clip-cov-high and kl-cov-coef >= 0, got "
-                         f"{cfg.clip_cov_low}, {cfg.clip_cov_high}, {cfg.kl_cov_coef}")
+    for name, allowed in RANGES.items():     # every numeric field in its range (alpha, eta:
+        check_range(name.replace("_", "-"), getattr(cfg, name), allowed)    # None if unused)
+    # --- rules across fields
+    if not cfg.clip_cov_low < cfg.clip_cov_high:
+        raise TrainError(f"need clip-cov-low < clip-cov-high, got {cfg.clip_cov_low}, {cfg.clip_cov_high}")
+    if not cfg.optimizer_lr <= 1.0:
+        raise TrainError(f"lr x lr-scale (the optimizer's step) must lie in (0, 1], got "
+                         f"{cfg.lr} x {cfg.lr_scale}")
+    if len(cfg.adam_betas) != 2 or not all(Range(0, 1, "[)").holds(b) for b in cfg.adam_betas):
+        raise TrainError(f"adam-betas must be two numbers in [0, 1), got {cfg.adam_betas}")
     if cfg.estimator not in ESTIMATORS:
         raise TrainError(f"unknown estimator {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
     if cfg.decoder not in DECODERS:
@@ -462,27 +586,14 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"lopti order must be low_first or high_first, got {cfg.lopti_order!r}")
     if cfg.lopti_split not in LOPTI_SPLITS:
         raise TrainError(f"lopti split must be probability or random, got {cfg.lopti_split!r}")
-    if cfg.group_size < 2:
-        raise TrainError(f"group size must be >= 2 (GRPO compares responses within a group), got {cfg.group_size}")
-    for name in ("steps", "prompts_per_step", "max_new_tokens", "max_prompt_len", "rl_per_size",
-                 "micro_batch_size", "mini_batch_size", "ppo_epochs"):
-        if getattr(cfg, name) < 1:
-            raise TrainError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.temperature <= 0:
-        raise TrainError(f"temperature must be > 0, got {cfg.temperature}")
-    if not cfg.lr > 0 or not cfg.lr_scale > 0:
-        raise TrainError(f"lr and lr-scale must be > 0, got {cfg.lr}, {cfg.lr_scale}")
-    if not cfg.kl_log_ratio_clamp > 0 or cfg.kl_log_ratio_clamp > 20:
-        raise TrainError(f"kl-log-ratio-clamp must lie in (0, 20] (5 = the reference fork, 20 = "
-                         f"current verl), got {cfg.kl_log_ratio_clamp}")
+    if cfg.lopti_optimizer not in LOPTI_OPTIMIZERS:
+        raise TrainError(f"lopti optimizer must be shared or per_stage, got {cfg.lopti_optimizer!r}")
     if cfg.grad_accum not in ("global", "verl"):
         raise TrainError(f"grad accum must be global or verl, got {cfg.grad_accum!r}")
     if cfg.loss_agg_mode not in ("token-mean", "seq-mean-token-mean"):
         raise TrainError(f"loss agg mode must be token-mean or seq-mean-token-mean, got {cfg.loss_agg_mode!r}")
     from .precision import check_precision   # torch: only once a config is built
     check_precision(cfg)                     # its PrecisionError is a TrainError
-    if cfg.lora_rank < 0:
-        raise TrainError(f"lora-rank must be >= 0 (0 = off), got {cfg.lora_rank}")
     if cfg.lora_rank:
         import importlib.util
         if importlib.util.find_spec("peft") is None:
@@ -491,5 +602,5 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError("heldout-steps needs --heldout-data (the puzzles to evaluate on)")
     if any(int(s) < 1 for s in cfg.heldout_steps):
         raise TrainError(f"heldout-steps must be >= 1, got {cfg.heldout_steps}")
-    if min(cfg.save_every, cfg.eval_every, cfg.keep_checkpoints, cfg.grad_shares_every) < 0:
-        raise TrainError("save-every, eval-every, keep-checkpoints and grad-shares-every must be >= 0")
+    if cfg.on_nonfinite not in ("stop", "skip"):
+        raise TrainError(f"on-nonfinite must be stop or skip, got {cfg.on_nonfinite!r}")

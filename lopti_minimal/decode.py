@@ -1,5 +1,9 @@
-"""The decode step of sampling: what the one loop of `sampling.sample_groups` calls for the
-next logits. Two steps, one interface (`make_decoder` picks one; TrainConfig.decoder):
+"""The decode step of sampling: a fast path, all speed; a learner can skip this file.
+
+It gives the next-token logits that the model's forward over the whole sequence would give
+(`model(ids).logits[:, -1]`), from a KV cache: the one loop of `sampling.sample_groups` calls
+`dec.prefill` / `dec.step` for them, and reading those as "the model's forward" loses nothing
+of the method. Two steps, one interface (`make_decoder` picks one; TrainConfig.decoder):
 
     prefill(ids, mask, positions, G) -> logits [B, V] at each row's last prompt position
     step(tok, pos)                   -> logits [b, V] after tokens tok [b] at positions pos [b]

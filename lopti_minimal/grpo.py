@@ -30,18 +30,11 @@ Design choices:
    presets) there is one mini-batch per pass and the two agree up to summation order; the
    GPU presets' 64 x 8 = 512 rows make two mini-batches of 256 per pass, two optimizer
    steps as in the reference, of other rows than the reference's.
-6. log pi(o_t) = z_y / T - logsumexp(z / T) is computed a few rows at a time
-   (`TargetLogProb`): the float32 [B, R, V] copy of the logits that autograd would keep, and
-   its gradient, never exist whole (557 MB per micro-batch of SmolLM2's 49,152-entry
-   vocabulary), and each row's passes stay in the cache. The same ops, row by row: the
-   same bits as the whole-tensor expression, values and gradients (tested).
-7. The log-probs read the model's [B, R + 1, V] logits whole, the extra last position
-   included, rather than the [B, R, V] slice of the positions that predict a response
-   token: the slice is not contiguous, and flattening it copied the logits (236 MB for 8
-   rows of 300 tokens of SmolLM2) in the forward pass and again in the backward, and its
-   gradient was built apart and then copied into a zero [B, R + 1, V] tensor. The extra
-   position's gradient is 0, as before, so the LM head's backward multiplies the same
-   numbers: the same bits (tested), fewer bytes and less time (docs/PERFORMANCE.md).
+6. The token log-probs are the plain expression, log_softmax(logits / T) gathered at the
+   sampled tokens (`logprobs_from_logits`, as the reference's `logprobs_from_logits` in
+   verl/utils/torch_functional.py, after its actor divides the logits by T). The update
+   computes the same bits by a fast path that never builds the float32 copy of the logits
+   whole (fast_logprobs.py: speed engineering, a learner can skip it; tested bit for bit).
 """
 from __future__ import annotations
 
@@ -52,6 +45,8 @@ import torch
 
 from . import precision
 from .batch import Rollout, position_ids_from_mask
+# the fast path of the token log-probs (design choice 6); TargetLogProb stays importable from here
+from .fast_logprobs import TargetLogProb, response_logprobs  # noqa: F401
 
 
 # ------------------------------------------------------------------- advantages
@@ -125,49 +120,17 @@ def token_advantages(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Te
 # ----------------------------------------------------------------- log-probs
 
 
-class TargetLogProb(torch.autograd.Function):
-    """log_softmax(logits / T)[target] over the last dim, ROWS rows of [N, V] at a time
-    (design choice 6). Forward per chunk: z = logits.float() / T, lse = logsumexp(z),
-    z_y - lse; backward per chunk, d/dz = g * (onehot(y) - exp(z - lse)), then / T, in the
-    logits' dtype: autograd's own formulas for gather, logsumexp, the division and the cast,
-    in its order, so the bits are those of the whole-tensor expression."""
+def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log pi(y) = log_softmax(logits / T)[y] at each position: logits [..., V], targets [...]
+    -> [...], float32 (the plain expression; design choice 6).
 
-    ROWS = 8       # 8 x 49,152 float32 = 1.5 MB: one chunk's passes stay in a core's cache
-
-    @staticmethod
-    def forward(ctx, logits, targets, temperature):
-        x, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1)
-        lse = x.new_empty(x.shape[0], dtype=torch.float32)
-        logp = torch.empty_like(lse)
-        for s in _row_chunks(x.shape[0]):
-            z = x[s].float() / temperature
-            lse[s] = torch.logsumexp(z, dim=-1)
-            logp[s] = z.gather(-1, t[s]).squeeze(-1) - lse[s]
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.temperature = temperature
-        return logp.view(logits.shape[:-1])
-
-    @staticmethod
-    def backward(ctx, grad):
-        logits, targets, lse = ctx.saved_tensors
-        x, t, g = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1), grad.reshape(-1)
-        gx = torch.empty_like(x)
-        for s in _row_chunks(x.shape[0]):
-            z = x[s].float() / ctx.temperature
-            gz = (-g[s]).unsqueeze(-1) * (z - lse[s].unsqueeze(-1)).exp()    # logsumexp's
-            gz.scatter_add_(-1, t[s], g[s].unsqueeze(-1))                    # gather's
-            gx[s] = (gz / ctx.temperature).to(x.dtype)
-        return gx.view(logits.shape), None, None
-
-
-def _row_chunks(n: int) -> list[slice]:
-    """TargetLogProb.ROWS rows at a time; never a last chunk of one row (torch reduces a
-    single row's 49,152 entries in two parallel halves, other bits than row by row) unless
-    the tensor has one row."""
-    starts = list(range(0, n, TargetLogProb.ROWS))
-    if len(starts) > 1 and n - starts[-1] == 1:
-        starts.pop()
-    return [slice(a, b) for a, b in zip(starts, starts[1:] + [n])]
+    Written out as z_y - logsumexp(z), z = logits.float() / T: log_softmax's own formula,
+    one float32 reduction per row. (torch.log_softmax computes it in another order and can
+    differ in the last bit.) token_logprobs gets these very bits, values and gradients,
+    from fast_logprobs.response_logprobs, which never builds z whole.
+    """
+    z = logits.float() / temperature
+    return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -192,12 +155,9 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids_from_mask(attention_mask),
                 use_cache=False, logits_to_keep=R + 1)
-    # log_softmax(z / T)_y = z_y / T - logsumexp(z / T), a few rows at a time (choice 6),
-    # over all R + 1 kept positions: the last one predicts past the end (its target is a
-    # stand-in, its value dropped), so the [B, R + 1, V] logits are read in place, never
-    # copied out of a slice, and their gradient is written in place (design choice 7)
-    targets = torch.nn.functional.pad(input_ids[:, prompt_len:], (0, 1))
-    logp = TargetLogProb.apply(out.logits, targets, temperature)[:, :-1]
+    # logprobs_from_logits(out.logits[:, :-1], input_ids[:, prompt_len:], T), to the bit,
+    # without a float32 copy of the logits (design choice 6: fast_logprobs.py)
+    logp = response_logprobs(out.logits, input_ids[:, prompt_len:], temperature)
     logp = torch.nn.functional.pad(logp, (0, R_full - R))
     if not entropy:
         return logp
@@ -460,12 +420,16 @@ def grpo_update(model, optimizer, batch: Rollout, cfg, token_mask: torch.Tensor 
             micro = range(mini.start, mini.stop, cfg.micro_batch_size)
             norm = (float(denom_mask[mini].sum()), float(mini.stop - mini.start), len(micro))
             optimizer.zero_grad(set_to_none=True)
+            losses = []     # the micro-batches', checked before the step (precision.py, choice 7)
             for s in micro:
                 mb = slice(s, min(s + cfg.micro_batch_size, mini.stop))
                 loss, st = _micro_batch_loss(model, batch, mb, (train_mask, denom_mask), cfg, norm, pg_loss)
                 loss.backward()
                 metrics.micro_batch(loss, st)
+                losses.append(loss.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            if not precision.finite_step(torch.stack(losses), grad_norm, cfg):
+                continue    # a NaN or inf loss or gradient norm: no step (precision.py, choice 7)
             optimizer.step()
             precision.weights_changed()     # the next forward casts the new weights
             metrics.optimizer_step(grad_norm)

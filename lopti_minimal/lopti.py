@@ -7,6 +7,13 @@ high-probability ones, starting from the parameters stage 1 produced. Each stage
 `grpo_update` with a token mask; this module is only the composition. In full:
 docs/ARCHITECTURE.md.
 
+Note for every reader: by default the two stages step ONE optimizer state, as the reference
+does, so under AdamW the isolation is not complete: on a fresh state stage 2's step follows a
+first moment of 0.47 g_low + 0.53 g_high, half of it the low-probability tokens' gradient
+(choice 8).
+`lopti_optimizer="per_stage"` gives each stage its own state, and stage 2 steps on the
+high-probability tokens' gradient alone.
+
 Design choices (the reference, `seperate_updating` in the AR-Lopti fork's ray_trainer, is
 the default):
 
@@ -27,6 +34,25 @@ the default):
 6. A stage (or mini-batch) with no tokens makes no optimizer step (the reference would step
    AdamW on a zero gradient), so eta <= min pi_old or eta > 1 is exactly one GRPO update.
 7. AR composes: pass the AR-reweighted advantages as `batch.advantages`.
+8. The two stages share ONE optimizer state by default, as in the reference, whose
+   `seperate_updating` reruns the actor update with the same actor and its same AdamW. The
+   isolation is then exact only under plain SGD: AdamW's moments carry stage 1's gradient
+   into stage 2's step. On a fresh state (betas 0.9, 0.999) stage 2's bias-corrected first
+   moment is (0.09 g_low + 0.1 g_high) / 0.19 = 0.47 g_low + 0.53 g_high, and its second
+   moment about half g_low^2, half g_high^2: the low-probability tokens' gradient makes up
+   about half of the step meant to update the high ones (later in a run, 0.09 of the
+   current g_low beside 0.1 of g_high, on top of the history of both).
+   `lopti_optimizer="per_stage"` (not in the paper; `StageOptimizers`, which
+   precision.build_optimizer builds for every optimizer kind) gives each stage an optimizer
+   of its own over the same parameters, stepping only in its stage: stage 2's step is
+   exactly what a fresh optimizer would make from stage 1's weights on the high tokens'
+   gradient, and carries nothing of stage 1's (tests/test_lopti.py). It costs a second
+   optimizer state; both are checkpointed. A state belongs to a token set, "low" (the
+   first stage of Algorithm 1: pi_old < eta, or the random split's draw of that size) or
+   "high" (the others), not to a stage position: its moments then average the gradients
+   of one population only, and the reversed order (high_first) differs from the default
+   only in which stage runs first. (Within a run the order is fixed, so keying by position
+   would step the same two states; the names say what each one holds.)
 """
 from __future__ import annotations
 
@@ -84,6 +110,42 @@ def split_generator(seed: int, step: int) -> torch.Generator:
     return g
 
 
+class StageOptimizers:
+    """Choice 8, ``lopti_optimizer="per_stage"``: one optimizer per token set, ``low`` and
+    ``high``, over the same parameters; `lopti_update` steps each in its stage only.
+
+    To the run's plumbing it is one optimizer: `state_dict` holds both states (a
+    checkpoint's trainer_state.pt, runs.save_checkpoint) and `load_state_dict` restores
+    both (--resume), so a resumed run repeats the uninterrupted one bit for bit."""
+
+    def __init__(self, low, high):
+        self.low, self.high = low, high
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in (self.low, self.high):
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        # plain containers of tensors and numbers: runs.read_state loads it weights-only
+        return {"per_stage": {"low": self.low.state_dict(), "high": self.high.state_dict()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "per_stage" not in state:
+            raise ValueError("this optimizer state is one shared by both Lopti stages; the run has "
+                             "one per stage (lopti_optimizer='per_stage'): resume it with the config it "
+                             "was saved with")
+        self.low.load_state_dict(state["per_stage"]["low"])
+        self.high.load_state_dict(state["per_stage"]["high"])
+
+
+def stage_optimizers(optimizer, order: str) -> tuple:
+    """(the first stage's optimizer, the second's): the one shared optimizer twice (the
+    reference, choice 8), or each token set's own (`StageOptimizers`) in the stage order."""
+    if not isinstance(optimizer, StageOptimizers):
+        return optimizer, optimizer
+    return (optimizer.low, optimizer.high) if order == "low_first" else (optimizer.high, optimizer.low)
+
+
 def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
                  order: str = "low_first", recompute_old: bool = False,
                  denominator: str = "all", split: str = "probability",
@@ -91,7 +153,8 @@ def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
     """Paper Algorithm 1: two `grpo_update`s, low-probability tokens then high.
 
     Arguments are those of `grpo_update` (the batch carries pi_old, the advantages and the
-    reference log-probs, computed once for both stages) plus eta, order ("low_first" |
+    reference log-probs, computed once for both stages; ``optimizer``: one, shared by the
+    stages, or a `StageOptimizers`, choice 8) plus eta, order ("low_first" |
     "high_first"), recompute_old, denominator, and split ("probability", Algorithm 1 |
     "random", the control, drawn from ``generator``; see the module docstring).
 
@@ -113,8 +176,10 @@ def lopti_update(model, optimizer, batch: Rollout, cfg, eta: float = 0.5,
     else:
         raise ValueError(f"unknown order {order!r}")
 
-    m1 = grpo_update(model, optimizer, batch, cfg, token_mask=first, denominator=denominator)
+    opt1, opt2 = stage_optimizers(optimizer, order)     # the same one twice by default (choice 8)
+
+    m1 = grpo_update(model, opt1, batch, cfg, token_mask=first, denominator=denominator)
     if recompute_old:
         batch = dataclasses.replace(batch, old_logprobs=batch_logprobs(model, batch, cfg))
-    m2 = grpo_update(model, optimizer, batch, cfg, token_mask=second, denominator=denominator)
+    m2 = grpo_update(model, opt2, batch, cfg, token_mask=second, denominator=denominator)
     return {"stage1": m1, "stage2": m2, "low_fraction": low_share}

@@ -14,14 +14,21 @@ Design choices:
    B matrices are zero, so the adapted policy equals it exactly, as with full training.
 4. What a run saves is always a plain Hugging Face checkpoint with the adapters merged
    (`merged_copy`), so eval.py and `--model` load it like any other; the adapter weights
-   themselves go into trainer_state.pt (`adapter_state`), for --resume.
+   themselves go into trainer_state.pt (`adapter_state`), for --resume. The merge, and so
+   the saved checkpoint, is float32 whatever the base's dtype: merged into a bf16 base,
+   W + s * B A would round back onto bf16's grid, on which an lr-1e-6 update is far below
+   one step (precision.py, choice 1), and the saved policy would be the base again. A
+   bf16 base's checkpoint is then twice the base's size; a float32 base (every CPU preset:
+   float32 master weights) saves as before. Kept unmerged instead, the adapters would
+   make every run directory depend on its base's path.
 5. An adapter *folder* (`save_adapter`: peft's adapter_config.json + the adapter weights,
    no base weights) is what a supervised warm start of a pretrained LM ships
    (experiments/lm_warmstart.py): a few MB instead of the base's hundreds.
    `load_adapter_folder` loads its base (named in the config, a path relative to the
-   current directory or to the checkout) and merges the adapter into it, so
-   models.load_model_and_tokenizer, and with it train.py and eval.py, take such a folder as
-   --model like any checkpoint.
+   current directory or to the checkout) and merges the adapter into it, in float32 as
+   choice 4, then casts the merged weights to the dtype the caller loads in (a bf16 load
+   rounds them once, as it rounds any checkpoint's), so models.load_model_and_tokenizer,
+   and with it train.py and eval.py, take such a folder as --model like any checkpoint.
 """
 from __future__ import annotations
 
@@ -76,8 +83,15 @@ def is_lora(model) -> bool:
 
 
 def merged_copy(model):
-    """A plain transformers model with the adapters merged in (the original is untouched)."""
-    return copy.deepcopy(model).merge_and_unload() if is_lora(model) else model
+    """A plain transformers model with the adapters merged in, in float32 on the CPU
+    (choice 4: what is saved); the original is untouched. A model without adapters is
+    returned as it is."""
+    if not is_lora(model):
+        return model
+    # the copy leaves the device at once (saving goes through the CPU anyway); float32
+    # before the merge, so that W + s * B A keeps the update (a bf16 base's values are
+    # exact in float32)
+    return copy.deepcopy(model).to(device="cpu", dtype=torch.float32).merge_and_unload()
 
 
 def adapter_state(model) -> dict:
@@ -150,6 +164,6 @@ def load_adapter_folder(folder: str, load_base):
         saved = json.load(f)
     known = {f.name for f in dataclasses.fields(peft.LoraConfig)}     # this peft's fields
     config = peft.LoraConfig(**{k: v for k, v in saved.items() if k in known and k != "peft_type"})
-    model = peft.get_peft_model(model, config)
+    model = peft.get_peft_model(model.to(torch.float32), config)     # merged in float32 (choice 5)
     load_adapter_state(model, load_file(os.path.join(folder, ADAPTER_WEIGHTS)))
     return model.merge_and_unload().to(dtype).eval(), tokenizer

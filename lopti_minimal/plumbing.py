@@ -11,6 +11,8 @@ What lives here:
   (checkpoint, optimizer, RNG states), the per-step logs, TensorBoard, the evaluation
   hooks, periodic checkpoints, the end (final policy, evaluation, plots, summary);
 - the step's metrics and its one-line summary;
+- a non-finite batch or policy: the run stops there, or skips the update (precision.py,
+  choice 7), and says so;
 - the GPU memory estimate (the table in docs/GPU.md).
 
 Design choices (the run directory in full: docs/ARCHITECTURE.md):
@@ -36,11 +38,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import host_memory, runs
+from . import host_memory, precision, runs
 from .config import TrainConfig, TrainError, validate
-from .grpo import kl_k3
+from .grpo import UpdateMetrics, kl_k3
 from .lopti import low_fraction
 from .lora import load_adapter_state
+from .mechanism import Probe
 from .models import ModelLoadError, count_parameters, default_device, load_model_and_tokenizer, \
     set_gradient_checkpointing
 from .paths import resolve_model, work_root
@@ -150,14 +153,18 @@ def read_run_config(path) -> TrainConfig:
     return runs.config_from_json(saved)
 
 
-def resume_config(run_dir, steps: int | None = None, progress: bool | None = None) -> TrainConfig:
-    """The saved config of a run, to continue it; ``steps`` may extend a finished run."""
+def resume_config(run_dir, steps: int | None = None, progress: bool | None = None,
+                  on_nonfinite: str | None = None) -> TrainConfig:
+    """The saved config of a run, to continue it; ``steps`` may extend a finished run, and
+    ``on_nonfinite`` may change what a NaN does from here on (it changes no good step)."""
     cfg = read_run_config(run_dir)
     cfg.run_dir = str(run_dir)
     if steps:
         cfg.steps = steps
     if progress is not None:
         cfg.progress = progress
+    if on_nonfinite is not None:
+        cfg.on_nonfinite = on_nonfinite
     return cfg
 
 
@@ -290,7 +297,7 @@ class Run:
         if self.writer:
             for k, v in m.items():
                 for name, x in ([(f"{k}/bin{i}", x) for i, x in enumerate(v)] if isinstance(v, list) else [(k, v)]):
-                    if x is not None:
+                    if isinstance(x, (int, float)):      # numbers only ("nonfinite" holds words)
                         self.writer.add_scalar(f"train/{name}", x, m["step"])
         self.bar.update(1)
         self.bar.set_postfix(reward=f"{m['reward']:+.2f}", acc=f"{m['accuracy']:.2f}", refresh=False)
@@ -307,6 +314,19 @@ class Run:
         if cfg.save_every and done % cfg.save_every == 0 and done < cfg.steps:
             runs.save_checkpoint(self.dir, done, model, tokenizer, optimizer, runs.config_to_json(cfg),
                                  cfg.keep_checkpoints)
+
+    def stop(self, error: precision.NonFiniteError, step: int) -> None:
+        """A non-finite value stopped the run at ``step`` (precision.py, choice 7): nothing of
+        that step was saved, so the latest checkpoint is the last good policy; ``error``
+        gets the step and how to go on, for its one line."""
+        self.bar.close()
+        if self.writer:
+            self.writer.close()
+        ck = runs.checkpoints(self.dir)
+        start = f"from {ck[-1][1].name}" if ck else "from step 0 (no checkpoint yet)"
+        error.step = step
+        error.resume = (f"the run stopped; python train.py --resume {self.dir} continues {start} "
+                        "(add --on-nonfinite skip to skip such updates)")
 
     def finish(self, model, tokenizer, optimizer) -> dict:
         """A final checkpoint (resumable: extend with --resume --steps N), the final policy in
@@ -450,7 +470,27 @@ def step_metrics(cfg: TrainConfig, step: int, sb, stages: tuple, probe, fix, sec
         # the peak resident memory of the host process during this step (host_memory.py);
         # an evaluation's peak is logged with it (evals.jsonl)
         "peak_rss_gb": host_memory.take_peak_rss_gb(),
+        # on_nonfinite "skip": the updates this step did not make (precision.py, choice 7)
+        **({"nonfinite": skipped} if (skipped := precision.take_skipped()) else {}),
     }
+
+
+def finite_batch(sb, cfg: TrainConfig) -> bool:
+    """Whether the step's batch (``sb``: trainer.make_batch's StepBatch) may update the
+    policy: its rewards, advantages (after AR), log pi_old and log pi_ref all finite
+    (precision.py, choice 7: else the run stops, or under "skip" this is False)."""
+    b = sb.batch
+    return precision.finite_values({"reward": sb.rewards, "advantage": b.advantages,
+                                    "log pi_old": b.old_logprobs, "log pi_ref": b.ref_logprobs}, cfg)
+
+
+def skipped_step_metrics(cfg: TrainConfig, step: int, sb, seconds: float) -> dict:
+    """The metrics line of a step whose batch was not finite under on_nonfinite "skip": its
+    samples as `step_metrics` logs them, an update of no optimizer step, no mechanism
+    measurement, and the "nonfinite" entry that says what was skipped."""
+    probe = Probe(cfg, step)
+    return step_metrics(cfg, step, sb, (UpdateMetrics().result(),), probe, None,
+                        {"sample": sb.sample_s, "update": 0.0, "step": seconds})
 
 
 def summary_line(m: dict, steps: int) -> str:
@@ -458,7 +498,8 @@ def summary_line(m: dict, steps: int) -> str:
     return (f"step {m['step']:>4}/{steps} | reward {m['reward']:+.3f} | acc {m['accuracy']:.3f} | "
             f"derive {m.get('derive_share', float('nan')):.2f} | len {m['response_len']:6.1f} | kl {m['kl']:.2e} | clip {m['clip_frac']:.3f} | "
             f"gnorm {m['grad_norm']:.3f} | low {m['low_fraction']:.3f} | "
-            f"{m['step_s']:.1f}s (sample {m['sample_s']:.1f}s)")
+            f"{m['step_s']:.1f}s (sample {m['sample_s']:.1f}s)"
+            + (f" | skipped: {'; '.join(m['nonfinite'])}" if m.get("nonfinite") else ""))
 
 
 # =======================================================================================

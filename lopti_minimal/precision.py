@@ -37,6 +37,22 @@ The design choices, each with its reason:
    and memory-efficient kernels do. With cuDNN's kernel the default tiny run's gradient
    norm went NaN, a decode step failed inside cuDNN, and sampling was several times slower
    (a new cuDNN graph for each new sequence length): results/gpu/ has the measurement.
+7. A non-finite number never updates the weights. Before a step's update the rewards, the
+   advantages (one NaN reward makes its whole group's NaN) and log pi_old / pi_ref are
+   checked (``finite_values``, trainer.rl_step: Lopti's stage 1 steps before stage 2's
+   loss exists); before each optimizer step, its micro-batches' losses and the gradient
+   norm (``finite_step``, grpo.grpo_update: a NaN loss can leave the gradient finite, where
+   a clamp's backward zeroes it). What then happens is the run's choice,
+   ``cfg.on_nonfinite``: "stop" (the default) raises `NonFiniteError`, one line naming the
+   value and the step, and the run ends without saving anything of that step, so its last
+   checkpoint is its last good policy and --resume continues from it; "skip" makes no
+   update on it (the step's whole update for a non-finite batch, else that one optimizer
+   step, as torch.amp's GradScaler skips a step with inf gradients; the other steps of the
+   update stand) and the step's metrics line lists it (``take_skipped``). Stopping is the
+   default because a NaN usually means a bug (a reward function, a learning rate) that
+   skipping would hide for the rest of the run. The one saver (runs.save_hf_atomic)
+   refuses non-finite weights too, so no NaN policy is ever written as a checkpoint or
+   final/, and no older checkpoint is deleted for one.
 """
 from __future__ import annotations
 
@@ -113,6 +129,75 @@ def weights_changed() -> None:
     torch.clear_autocast_cache()
 
 
+class NonFiniteError(RuntimeError):
+    """Choice 7, on_nonfinite "stop": ``what`` (the reward, the loss, ...) was not finite
+    (``value`` says how) and nothing was updated or saved from it. The RL loop adds the
+    ``step`` and how to go on (``resume``), so that str() is the one line a user reads."""
+
+    def __init__(self, what: str, value: str, action: str = "no update was made on it"):
+        super().__init__(what)
+        self.what, self.value, self.action = what, value, action
+        self.step, self.resume = None, None
+
+    def __str__(self) -> str:
+        where = f"step {self.step}: " if self.step is not None else ""
+        then = f"; {self.resume}" if self.resume else ""
+        return f"{where}the {self.what} was not finite ({self.value}): {self.action}{then}"
+
+
+def nonfinite(x: torch.Tensor) -> str | None:
+    """None if every entry of ``x`` is finite; else what is not, e.g. "nan in 4 of 8"."""
+    x = x.detach()
+    n = int((~torch.isfinite(x)).sum())
+    if not n:
+        return None
+    kinds = "/".join(k for k, hit in (("nan", torch.isnan(x)), ("inf", torch.isinf(x))) if bool(hit.any()))
+    return f"{kinds} in {n} of {x.numel()}" if x.numel() > 1 else f"{float(x):g}"
+
+
+_SKIPPED: list[str] = []      # choice 7, on_nonfinite "skip": what was skipped since take_skipped
+
+
+def _no_update(what: str, value: str, cfg) -> bool:
+    """Choice 7 for a non-finite ``what``: NonFiniteError ("stop"), or False and a record ("skip")."""
+    if getattr(cfg, "on_nonfinite", "stop") != "skip":
+        raise NonFiniteError(what, value)
+    _SKIPPED.append(f"{what}: {value}")
+    return False
+
+
+def finite_values(values: dict, cfg) -> bool:
+    """Choice 7, before an update: True if every tensor of ``values`` ({what: tensor}; None
+    is left out) is finite. Else NonFiniteError, or False under on_nonfinite "skip"."""
+    for what, x in values.items():
+        bad = None if x is None else nonfinite(x)
+        if bad:
+            return _no_update(what, bad, cfg)
+    return True
+
+
+def finite_step(losses: torch.Tensor, grad_norm: torch.Tensor, cfg) -> bool:
+    """Choice 7, between a mini-batch's backward and its optimizer step: True if its
+    micro-batches' ``losses`` and its gradient norm are finite, so the step may be taken.
+    Else NonFiniteError, or False (take no step) under on_nonfinite "skip"."""
+    return finite_values({"loss": losses, "gradient norm": grad_norm}, cfg)
+
+
+def take_skipped() -> list[str]:
+    """What choice 7 skipped (on_nonfinite "skip") since the last call, e.g. ["loss: nan"]."""
+    out = list(_SKIPPED)
+    _SKIPPED.clear()
+    return out
+
+
+def nonfinite_weights(model) -> str | None:
+    """None if every floating-point weight of ``model`` is finite; else which are not."""
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if not bad:
+        return None
+    return f"in {bad[0]}" + (f" and {len(bad) - 1} more tensors" if len(bad) > 1 else "")
+
+
 def reference_copy(model, dtype: torch.dtype | None = None):
     """pi_ref: a frozen copy of the initial policy, in ``dtype`` if given (choice 2)."""
     ref = copy.deepcopy(model)
@@ -131,9 +216,20 @@ def ref_dtype(cfg) -> torch.dtype | None:
 def build_optimizer(model, cfg):
     """The optimizer of ``cfg.optimizer`` over the model's trainable (master) weights (LoRA:
     the adapters only), with cfg.optimizer_lr (lr x lr_scale), cfg.adam_betas and
-    cfg.weight_decay."""
-    lr = cfg.optimizer_lr
+    cfg.weight_decay. Lopti with ``lopti_optimizer="per_stage"``: two of them over the same
+    weights, one per stage (lopti.StageOptimizers, lopti.py choice 8); every kind works so,
+    as each keeps its state per optimizer (adamw8bit its 8-bit moments, adafactor its
+    factored ones), and the state costs twice its memory."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.uses_lopti and cfg.lopti_optimizer == "per_stage":
+        from .lopti import StageOptimizers     # lopti imports grpo; precision stays below both
+        return StageOptimizers(low=_optimizer(params, cfg), high=_optimizer(params, cfg))
+    return _optimizer(params, cfg)
+
+
+def _optimizer(params: list, cfg):
+    """One optimizer of ``cfg.optimizer`` over ``params`` (`build_optimizer`)."""
+    lr = cfg.optimizer_lr
     if cfg.optimizer == "adamw":
         # The reference actor's AdamW: float32 state, verl's betas and weight decay.
         return torch.optim.AdamW(params, lr=lr, betas=tuple(cfg.adam_betas),

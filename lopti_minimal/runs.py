@@ -39,6 +39,7 @@ import torch
 
 from .config import TrainConfig
 from .lora import adapter_state, is_lora, merged_copy
+from .precision import NonFiniteError, nonfinite_weights
 from .paths import swap_in, work_root
 
 RUN_MARKER = "lopti-minimal-run"          # run.json["kind"]: what makes a dir "one of our runs"
@@ -168,9 +169,14 @@ def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torc
     resume after kill -9) sees either the old checkpoint or the complete new one.
 
     extra: {file name: object}, written with json (names ending in .json) or torch.save.
-    dtype: save the weights cast to this dtype (the model itself is left as it is)."""
+    dtype: save the weights cast to this dtype (the model itself is left as it is).
+    Non-finite weights are never written (precision.NonFiniteError, precision.py choice 7):
+    the folder at ``out`` stays as it was, and save_checkpoint deletes no older one."""
     out = Path(out)
     model = merged_copy(model)     # LoRA: a plain checkpoint that eval.py loads (lora.py, choice 4)
+    bad = nonfinite_weights(model)
+    if bad:
+        raise NonFiniteError("policy", bad, f"{out.name} was not written")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -242,7 +248,8 @@ def restore_rng_states(rng: dict) -> None:
 
 def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, config: dict, keep: int) -> Path:
     """RUN_DIR/ckpt-<step>: the policy, and in trainer_state.pt (read_state's form) the
-    optimizer state, the global RNG states and the run's config (``config``, JSON-ready).
+    optimizer state (Lopti per stage: both stages' states, lopti.StageOptimizers), the global
+    RNG states and the run's config (``config``, JSON-ready).
     Older periodic checkpoints beyond the newest ``keep`` are deleted (0 keeps them all)."""
     state = {
         "format": STATE_FORMAT,

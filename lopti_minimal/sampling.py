@@ -13,7 +13,8 @@ Design choices:
    tempered distribution, an explicit torch.Generator for determinism, a loop cheap on a CPU.
 3. One loop (`_decode`), one batched forward per token over all rows: prefill the prompts;
    per token, draw it (`next_token`), record it and its log-prob, feed it to the decode step
-   (decode.py: transformers' forward or the lean step, the same draws); every CHECK_EVERY
+   (decode.py: transformers' forward or the lean step, the same draws; a fast path, read it
+   as the model's forward over one more token); every CHECK_EVERY
    tokens stop if every row is done, else drop the rows that are (the long tail of a few long
    responses is not paid for by every row); at the end cut each row after its EOS (`_trim`).
 """

@@ -153,6 +153,8 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
     t0 = time.perf_counter()
     # --- paper: the batch: samples, rewards, advantages, pi_old, pi_ref, AR ---
     sb = make_batch(model, ref, tokenizer, records, prompt_ids, cfg, step, reward_fn)
+    if not plumbing.finite_batch(sb, cfg):    # plumbing: no update on a NaN (precision.py, choice 7)
+        return plumbing.skipped_step_metrics(cfg, step, sb, time.perf_counter() - t0)
     with precision.autocast(cfg, device):
         fix = policy_term(model, sb.batch, cfg, step)
         probe = mechanism.Probe(cfg, step)      # plumbing: the mechanism before the update
@@ -193,10 +195,15 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
         raise TrainError(f"no RL prompt fits max-prompt-len {cfg.max_prompt_len}: raise it")
     run.begin(model, tokenizer, len(records), data_path)
 
-    for step in range(start, cfg.steps):
-        # --- paper: one RL step on this step's prompts ---
-        idx = plumbing.step_prompt_indices(cfg.seed, step, cfg.prompts_per_step, len(records))
-        m = rl_step(model, ref, optimizer, tokenizer, [records[i] for i in idx],
-                    [prompt_ids[i] for i in idx], cfg, step, reward_fn)
-        run.after_step(m, model, tokenizer, optimizer)     # plumbing: log, evaluate, checkpoint
-    return run.finish(model, tokenizer, optimizer)          # plumbing: final policy, evaluation
+    step = start - 1                 # plumbing: the step a NaN's message names (step + 1)
+    try:
+        for step in range(start, cfg.steps):
+            # --- paper: one RL step on this step's prompts ---
+            idx = plumbing.step_prompt_indices(cfg.seed, step, cfg.prompts_per_step, len(records))
+            m = rl_step(model, ref, optimizer, tokenizer, [records[i] for i in idx],
+                        [prompt_ids[i] for i in idx], cfg, step, reward_fn)
+            run.after_step(m, model, tokenizer, optimizer)     # plumbing: log, evaluate, checkpoint
+        return run.finish(model, tokenizer, optimizer)          # plumbing: final policy, evaluation
+    except precision.NonFiniteError as e:   # plumbing: a NaN stopped the run (precision.py, choice 7)
+        run.stop(e, step + 1)
+        raise

@@ -97,6 +97,8 @@ NOT_IN_TRL = {
     "eta": "Lopti threshold (Algorithm 1): LoptiGRPOTrainer(cfg=...) reads cfg.eta",
     "lopti_order": "LoptiGRPOTrainer(cfg=...) reads cfg.lopti_order",
     "lopti_split='random'": "not mapped (a control of the study, not the method): refused",
+    "lopti_optimizer='per_stage'": "TRL's Trainer steps one optimizer (and its scheduler) in every "
+                                   "pass: the reference's shared state only; refused",
     "recompute_old_logprobs": "always on in the subclass (pi_old by a teacher-forced forward)",
     "adv_eps = 1e-6, equal groups -> 0": "LoptiGRPOTrainer(paper_advantages=True)",
     "loss_agg_mode='seq-mean-token-mean'": "not mapped (TRL's 'dapo' is the token-mean)",
@@ -176,8 +178,17 @@ def _check_mappable(cfg: TrainConfig) -> None:
         raise ValueError("Lopti on TRL uses num_iterations=2 for its two stages: ppo_epochs must be 1")
     if cfg.uses_lopti and cfg.lopti_split != "probability":
         raise ValueError("only Lopti's probability split (Algorithm 1) is mapped onto TRL")
+    _check_one_optimizer(cfg)
     if not cfg.clip_c > 1.0 + cfg.eps_high:
         raise ValueError("TRL's delta equals the dual clip only if clip_c > 1 + eps_high")
+
+
+def _check_one_optimizer(cfg: TrainConfig) -> None:
+    """ValueError for Lopti with one optimizer per stage (lopti.py, choice 8): TRL's Trainer
+    owns one optimizer, which every pass steps, as the reference's shared state does."""
+    if cfg.uses_lopti and cfg.lopti_optimizer != "shared":
+        raise ValueError("lopti_optimizer='per_stage' is not supported on TRL (its Trainer steps one "
+                         "optimizer in both Lopti passes): use lopti_optimizer='shared', or our trainer")
 
 
 def _batch_args(cfg: TrainConfig, num_processes: int) -> dict:
@@ -218,6 +229,7 @@ class LoptiGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, cfg: TrainConfig, paper_advantages: bool = True, **kwargs):
         if cfg.method not in TRL_METHODS:
             raise ValueError(f"method {cfg.method!r} is not in TRL 1.16: choose one of {', '.join(TRL_METHODS)}")
+        _check_one_optimizer(cfg)
         self.cfg = cfg
         self.uses_ar, self.uses_lopti = cfg.uses_ar, cfg.uses_lopti
         self.alpha, self.eta, self.lopti_order = cfg.alpha, cfg.eta, cfg.lopti_order

@@ -227,8 +227,8 @@ def run(a, write=lambda r: None) -> dict:
 
     r["weights_moved_share"] = moved
     if cfg.lora_rank:
-        # What a saved checkpoint keeps: the adapters merged into the base weights (in their
-        # dtype: bf16 for the 1.5B/3B presets), as runs.save_hf_atomic writes them.
+        # What a saved checkpoint keeps: the adapters merged into the base weights (in
+        # float32, whatever the base's dtype: lora.py, choice 4), as runs.save_hf_atomic writes them.
         from lopti_minimal.lora import merged_copy
         meter.start_step()
         merged = merged_copy(model)

@@ -1,7 +1,8 @@
 """The guide's links and paths: every relative link and image of README.md, docs/*.md and the
 tutorial's markdown cells points to a file of the repository; every repository path the
 documents name under results/, checkpoints/, data/ or docs/ exists (docs/HISTORY.md excepted:
-it names the paths of older commits on purpose); and no document names a path of one machine.
+it names the paths of older commits on purpose); no document names a path of one machine; and
+the README and docs/ stay short enough to read (10,000 and 120,000 characters).
 Plain text only: no torch, no package import."""
 import glob
 import json
@@ -106,6 +107,15 @@ def test_readme_stays_a_guide():
     opening = text[:text.index("\n## ")]
     for command in ("pip install -r requirements.txt", "python train.py", "python -m pytest -q"):
         assert command in opening, f"the README opens without {command!r}"
+
+
+def test_the_docs_stay_readable_in_one_sitting():
+    """docs/*.md hold at most 120,000 characters in all: a finding that still matters replaces
+    an older line rather than adding to it (the full record is git's)."""
+    sizes = {p.name: len(p.read_text()) for p in sorted((ROOT / "docs").glob("*.md"))}
+    total = sum(sizes.values())
+    assert len(sizes) >= 5          # the glob found the pages: the bound cannot pass on nothing
+    assert total <= 120_000, f"docs/*.md hold {total:,} characters (at most 120,000): {sizes}"
 
 
 def readme_first_commands() -> list[str]:

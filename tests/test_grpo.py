@@ -10,7 +10,8 @@ import torch
 
 from lopti_minimal.batch import position_ids_from_mask
 from lopti_minimal.config import TrainConfig
-from lopti_minimal.grpo import (TargetLogProb, agg_loss, group_advantages, grpo_update, kl_k3,
+from lopti_minimal.fast_logprobs import TargetLogProb
+from lopti_minimal.grpo import (agg_loss, group_advantages, grpo_update, kl_k3, logprobs_from_logits,
                                 policy_loss, sort_by_length, token_logprobs)
 from lopti_minimal.precision import build_optimizer
 from lopti_minimal.sampling import sample_groups
@@ -179,9 +180,10 @@ def test_token_logprobs_match_sampler_at_temperature(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 17, 24])
 def test_row_chunked_log_prob_is_the_whole_tensor_expression_bit_for_bit(dtype, rows):
-    """TargetLogProb (grpo.py, choice 6) against log_softmax's own expression on the whole
-    tensor, z_y - logsumexp(z) with z = logits.float() / T, under autograd: the same values
-    and the same gradient of the logits, to the bit. SmolLM2's vocabulary, so that torch
+    """The fast path's row chunks (fast_logprobs.TargetLogProb, its design choice 1) against
+    the plain expression on the whole tensor (grpo.logprobs_from_logits: z_y - logsumexp(z),
+    z = logits.float() / T) under autograd: the same values and the same gradient of the
+    logits, to the bit. SmolLM2's vocabulary, so that torch
     reduces a row in parallel where it would for a lone row; 17 rows leave a one-row tail
     (merged into the chunk before it); 2 rows are a 1 x 2 batch's."""
     V = 49152
@@ -191,8 +193,7 @@ def test_row_chunked_log_prob_is_the_whole_tensor_expression_bit_for_bit(dtype, 
     weights = torch.randn(1, rows, generator=g)
     for T in (0.7, 1.0):
         a, b = base.clone().requires_grad_(), base.clone().requires_grad_()
-        z = a.float() / T
-        want = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+        want = logprobs_from_logits(a, targets, T)
         got = TargetLogProb.apply(b, targets, T)
         (want * weights).sum().backward()
         (got * weights).sum().backward()
@@ -206,10 +207,11 @@ def test_row_chunked_log_prob_is_the_whole_tensor_expression_bit_for_bit(dtype, 
 
 
 def test_log_probs_over_the_whole_logits_are_the_sliced_expression_bit_for_bit():
-    """token_logprobs (grpo.py, choice 7) reads the model's [B, R + 1, V] logits whole; the
-    expression it replaced sliced out the R positions that predict a response token first.
-    Under bf16 autocast, with left and right padding and a weighted loss: the same
-    log-probs and the same gradient of every parameter, to the bit."""
+    """token_logprobs runs the fast path (fast_logprobs.py: row chunks over the model's whole
+    [B, R + 1, V] logits); the plain expression, logprobs_from_logits, reads the slice of the
+    R positions that predict a response token. Under bf16 autocast, with left and right
+    padding and a weighted loss: the same log-probs and the same gradient of every
+    parameter, to the bit."""
     model = tiny_llama(seed=3).train()
     r, _ = rollout_batch(model.eval())
     ids, mask, P = r.input_ids, r.attention_mask, r.prompt_len
@@ -223,10 +225,10 @@ def test_log_probs_over_the_whole_logits_are_the_sliced_expression_bit_for_bit()
         (lp * w).sum().backward()
         return lp.detach(), [p.grad.clone() for p in model.parameters()]
 
-    def sliced():          # the slice, flattened (a copy), as before choice 7
+    def sliced():          # the plain expression on the slice
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                     use_cache=False, logits_to_keep=R + 1)
-        return TargetLogProb.apply(out.logits[:, :-1, :], ids[:, P:], 0.7)
+        return logprobs_from_logits(out.logits[:, :-1, :], ids[:, P:], 0.7)
 
     lp_new, g_new = grads(lambda: token_logprobs(model, ids, mask, P, 0.7))
     lp_old, g_old = grads(sliced)

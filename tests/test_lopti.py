@@ -6,9 +6,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lopti_minimal.config import TrainConfig
+from lopti_minimal.config import TrainConfig, TrainError, validate
 from lopti_minimal.grpo import group_advantages, grpo_update
-from lopti_minimal.lopti import lopti_update, split_at_random, split_by_probability, split_generator
+from lopti_minimal.lopti import (StageOptimizers, lopti_update, split_at_random, split_by_probability,
+                                 split_generator)
+from lopti_minimal.runs import config_from_json, config_to_json
 from lopti_minimal.precision import build_optimizer
 from lopti_minimal.reweight import reweight_advantages
 from lopti_minimal.sampling import sample_groups
@@ -218,3 +220,151 @@ def test_random_split_update_trains_the_drawn_stages_and_leaves_other_randomness
         run(model, b, cfg, split="random")
     with pytest.raises(ValueError, match="unknown split"):
         run(model, b, cfg, split="entropy", generator=split_generator(0, 0))
+
+
+# ----------------------------------------------------------------------------- the optimizer state
+
+def flat_state(opt, key="exp_avg"):
+    """An optimizer's per-parameter state ``key``, flattened in parameter order."""
+    return torch.cat([opt.state[p][key].flatten() for g in opt.param_groups for p in g["params"]])
+
+
+def flat_params(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def stage_grad(model, b, cfg, mask):
+    """The GRPO gradient of ``mask``'s tokens at ``model``'s weights (a Recorder, lr 0)."""
+    twin = copy.deepcopy(model)
+    rec = Recorder(twin.parameters())
+    grpo_update(twin, rec, b, cfg, token_mask=mask)
+    return rec.grads[0]
+
+
+def test_per_stage_optimizers_carry_nothing_of_stage_one_into_stage_two():
+    """lopti.py, choice 8, on a fresh AdamW state. Per stage: stage 2's update is exactly that
+    of a fresh AdamW stepping on stage 2's gradient alone from stage 1's weights, and its
+    first moment holds g_high only. Shared (the reference, the default): stage 2's first
+    moment is 0.09 g_low + 0.1 g_high (0.47 g_low + 0.53 g_high once bias-corrected), and
+    the weights differ."""
+    model, r, b, ref, cfg = setup()
+    cfg = replace(cfg, lr=1e-2)
+    per_cfg = replace(cfg, lopti_optimizer="per_stage")
+    low, high = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    # Isolation by definition: stage 1 by a fresh AdamW, then stage 2 by another fresh one.
+    isolated = copy.deepcopy(model)
+    grpo_update(isolated, build_optimizer(isolated, cfg), b, cfg, token_mask=low)
+    g_low, g_high = stage_grad(model, b, cfg, low), stage_grad(isolated, b, cfg, high)
+    grpo_update(isolated, build_optimizer(isolated, cfg), b, cfg, token_mask=high)
+
+    per = copy.deepcopy(model)
+    opt = build_optimizer(per, per_cfg)
+    assert isinstance(opt, StageOptimizers) and opt.low is not opt.high
+    lopti_update(per, opt, b, per_cfg, eta=ETA)
+    assert torch.equal(flat_params(per), flat_params(isolated))            # bit for bit
+    assert close(flat_state(opt.low), 0.1 * g_low) and close(flat_state(opt.high), 0.1 * g_high)
+
+    shared = copy.deepcopy(model)
+    one = build_optimizer(shared, cfg)
+    lopti_update(shared, one, b, cfg, eta=ETA)
+    assert close(flat_state(one), 0.09 * g_low + 0.1 * g_high)
+    assert not close(flat_params(shared) - flat_params(model), flat_params(isolated) - flat_params(model), 0.05)
+    assert round(0.09 / 0.19, 2) == 0.47                                  # the docstring's share
+    # The state belongs to a token set: reversed, the "high" state steps first, at the start.
+    rev = copy.deepcopy(model)
+    opt_rev = build_optimizer(rev, per_cfg)
+    lopti_update(rev, opt_rev, b, per_cfg, eta=ETA, order="high_first")
+    assert close(flat_state(opt_rev.high), 0.1 * stage_grad(model, b, cfg, high))
+
+
+def test_the_default_shares_one_optimizer_bit_for_bit_as_before():
+    """lopti_optimizer defaults to "shared" (also for a run.json saved before it existed):
+    one plain AdamW, and lopti_update is the two grpo_update calls on it, bit for bit. A
+    method without Lopti gets one optimizer whatever the option says."""
+    model, r, b, ref, cfg = setup()
+    cfg = replace(cfg, lr=1e-2)
+    saved = config_to_json(cfg)
+    del saved["lopti_optimizer"]
+    assert cfg.lopti_optimizer == "shared" and config_from_json(saved).lopti_optimizer == "shared"
+    low, high = split_by_probability(r.old_logprobs, r.response_mask, ETA)
+    new = copy.deepcopy(model)
+    opt = build_optimizer(new, cfg)
+    assert type(opt) is torch.optim.AdamW
+    lopti_update(new, opt, b, cfg, eta=ETA)
+    old = copy.deepcopy(model)
+    adamw = torch.optim.AdamW(old.parameters(), lr=cfg.optimizer_lr, betas=cfg.adam_betas,
+                              weight_decay=cfg.weight_decay)
+    grpo_update(old, adamw, b, cfg, token_mask=low)
+    grpo_update(old, adamw, b, cfg, token_mask=high)
+    assert torch.equal(flat_params(new), flat_params(old))
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(flat_state(opt, key), flat_state(adamw, key))
+    grpo_cfg = replace(cfg, method="grpo", lopti_optimizer="per_stage")
+    assert type(build_optimizer(copy.deepcopy(model), grpo_cfg)) is torch.optim.AdamW
+    with pytest.raises(TrainError, match="lopti optimizer must be shared or per_stage"):
+        validate(replace(cfg, lopti_optimizer="separate"))
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adafactor", "adamw8bit"])
+def test_per_stage_optimizers_of_every_kind_step_and_round_trip_their_states(kind, tmp_path):
+    """Every optimizer kind builds per stage; both states go through a checkpoint's
+    weights-only file (runs.read_state's loader) into fresh optimizers, which then make the
+    same next update bit for bit; a shared state is refused by a per-stage run in one line."""
+    if kind == "adamw8bit":
+        pytest.importorskip("torchao")
+    model, r, b, ref, cfg = setup()
+    cfg = replace(cfg, lr=1e-2, optimizer=kind, lopti_optimizer="per_stage")
+    trained = copy.deepcopy(model)
+    opt = build_optimizer(trained, cfg)
+    lopti_update(trained, opt, b, cfg, eta=ETA)
+    assert len(opt.low.state) == len(opt.high.state) == len(list(model.parameters()))
+    torch.save({"optimizer": opt.state_dict()}, tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)["optimizer"]
+    resumed = copy.deepcopy(trained)
+    fresh = build_optimizer(resumed, cfg)
+    fresh.load_state_dict(state)
+    lopti_update(trained, opt, b, cfg, eta=ETA)
+    lopti_update(resumed, fresh, b, cfg, eta=ETA)
+    assert torch.equal(flat_params(trained), flat_params(resumed))
+    unrestored = copy.deepcopy(resumed)              # not vacuous: fresh states step otherwise
+    lopti_update(unrestored, build_optimizer(unrestored, cfg), b, cfg, eta=ETA)
+    lopti_update(resumed, fresh, b, cfg, eta=ETA)
+    assert not torch.equal(flat_params(unrestored), flat_params(resumed))
+    with pytest.raises(ValueError, match="one shared by both Lopti stages"):
+        fresh.load_state_dict(opt.low.state_dict())
+
+
+def test_per_stage_run_resumes_exactly(nano_dir, tmp_path):
+    """Both stage optimizers' states are in every checkpoint (trainer_state.pt), so a
+    per-stage run interrupted during step 4 and resumed from its step-2 checkpoint repeats
+    the uninterrupted run bit for bit (as test_trainer's resume test for the default)."""
+    from test_trainer import length_reward, small_cfg, strip
+    from lopti_minimal import plumbing, runs, trainer
+
+    def cfg(where):
+        return small_cfg(nano_dir, where, method="lopti", eta=0.003, lopti_optimizer="per_stage")
+
+    a = trainer.train(cfg(tmp_path / "a"), reward_fn=length_reward, log=lambda s: None)
+    calls = {"n": 0}
+
+    def interrupting_reward(text, record):
+        calls["n"] += 1
+        if calls["n"] > 3 * 2 * 4:              # 3 steps x 2 prompts x G=4, then Ctrl-C
+            raise KeyboardInterrupt
+        return length_reward(text, record)
+
+    cfg_b = cfg(tmp_path / "b")
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(cfg_b, reward_fn=interrupting_reward, log=lambda s: None)
+    [(step, ckpt)] = runs.checkpoints(cfg_b.run_dir)
+    state = runs.read_state(ckpt / "trainer_state.pt", "")["optimizer"]["per_stage"]
+    assert step == 2 and all(s["state"] for s in state.values())      # both stages stepped
+    assert not torch.equal(state["low"]["state"][0]["exp_avg"], state["high"]["state"][0]["exp_avg"])
+    b = trainer.train(plumbing.resume_config(cfg_b.run_dir, progress=False), resume=True,
+                      reward_fn=length_reward, log=lambda s: None)
+    assert strip(a["metrics"]) == strip(b["metrics"]) and all(m["grad_norm"] > 0 for m in a["metrics"])
+    assert 0 < a["metrics"][0]["low_fraction"] < 1                   # both stages had tokens
+    from transformers import AutoModelForCausalLM
+    wa = AutoModelForCausalLM.from_pretrained(a["paths"]["final_model"]).state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(b["paths"]["final_model"]).state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

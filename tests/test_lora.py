@@ -1,6 +1,7 @@
 """LoRA (lora.py, peft): AR (Eq. 4) and Lopti (Algorithm 1) unchanged on top of adapters.
 One Lopti update moves only the adapters and equals the same loss computed by hand; the
-merged checkpoint is a plain Hugging Face model that eval.py loads, with the same outputs."""
+merged checkpoint is a plain Hugging Face model that eval.py loads, with the same outputs,
+merged in float32 so that a bf16 base keeps a small update (lora.py, choice 4)."""
 import copy
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 from dataclasses import replace  # noqa: E402
 
 from lopti_minimal.config import TrainConfig  # noqa: E402
-from lopti_minimal.grpo import batch_logprobs, group_advantages, kl_k3, policy_loss, token_logprobs  # noqa: E402
+from lopti_minimal.grpo import (batch_logprobs, group_advantages, grpo_update, kl_k3, policy_loss,  # noqa: E402
+                                 token_logprobs)
 from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
 from lopti_minimal.lora import add_lora, adapter_state, merged_copy  # noqa: E402
 from lopti_minimal.reweight import reweight_advantages  # noqa: E402
@@ -161,3 +163,92 @@ def test_adapter_parameters_count_what_peft_trains():
     assert lora["weights"] == pytest.approx(full["weights"] + 4 * 30e6 / 1e9)
     assert (lora["reference"], lora["kv_cache"], lora["logits"]) == (full["reference"], full["kv_cache"], full["logits"])
     assert lora["peak"] < full["peak"] - 10
+
+
+# ------------------------------------------------- a bf16 base keeps the update (lora.py, choice 4)
+
+def bf16_base_and_update(nano_dir, tmp_path):
+    """(base folder, base, trained, tokenizer, batch, cfg): nano's Llama saved in bf16 (the
+    base, as a GPU loads one), and on it rank-4 adapters (float32, as peft keeps them) after
+    one AdamW step of lr 1e-4 on an AR-free GRPO loss: a small update, most of it below the
+    grid of the base's bf16 weights."""
+    from lopti_minimal.models import load_model_and_tokenizer
+    base, tok = load_model_and_tokenizer(nano_dir, dtype=torch.bfloat16, device="cpu")
+    folder = tmp_path / "base-bf16"
+    base.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    trained = add_lora(copy.deepcopy(base), rank=4)
+    prompts = [tok(text=t)["input_ids"] for t in ("Alice says Bob is a knight.", "Bob lies.")]
+    r = sample_groups(trained, prompts, group_size=4, max_new_tokens=8, temperature=1.0,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      generator=torch.Generator().manual_seed(0))
+    b = update_batch(r, group_advantages(REWARDS[:8], G))
+    cfg = TrainConfig(temperature=1.0, kl_coef=0.0, mini_batch_size=8, micro_batch_size=8)
+    opt = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=1e-4)
+    grpo_update(trained, opt, b, cfg)
+    return folder, base, trained, tok, b, cfg
+
+
+def gap(b, x, y) -> float:
+    """The largest difference of two [B, R] log-probs over the response tokens."""
+    return float((x.float() - y.float())[b.response_mask > 0].abs().max())
+
+
+def test_the_saved_policy_of_a_bf16_base_keeps_its_update(nano_dir, tmp_path):
+    """runs.save_hf_atomic merges in float32 and saves float32: the policy eval.py loads from
+    the run (resolve_model_source, the CPU's float32 load) has the trained policy's log-probs
+    to float32 rounding -- the trained one computed in float32, its bf16 base weights exact
+    there -- and not the base's. The bf16 merge of before lost most of the update. eval.py
+    --model RUN decodes what the trained policy decodes (both in float32, --no-bf16; under
+    bf16 autocast both round their compute)."""
+    import json
+    from safetensors.torch import load_file
+    from conftest import load_script
+    from lopti_minimal import runs
+    from lopti_minimal.models import load_model_and_tokenizer
+    from lopti_minimal.task import kk
+    from lopti_minimal.task.evaluate import evaluate_records
+    folder, base, trained, tok, b, cfg = bf16_base_and_update(nano_dir, tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": runs.config_to_json(
+        TrainConfig(model=str(folder), lora_rank=4))}))
+    runs.save_hf_atomic(trained, tok, run / "final")
+    assert {v.dtype for v in load_file(str(run / "final" / "model.safetensors")).values()} == {torch.float32}
+    assert next(trained.parameters()).dtype == torch.bfloat16 and len(adapter_state(trained)) > 0   # untouched
+
+    source, _ = runs.resolve_model_source(str(run))
+    loaded, _ = load_model_and_tokenizer(source, device="cpu")
+    trained32 = copy.deepcopy(trained).float()               # the same function, computed in float32
+    want = batch_logprobs(trained32, b, cfg)
+    assert gap(b, batch_logprobs(loaded, b, cfg), want) <= 1e-5
+    assert gap(b, batch_logprobs(base.float(), b, cfg), want) >= 1e-3          # the update is there
+    bf16_merge = copy.deepcopy(trained).merge_and_unload().float()             # what was saved before
+    assert gap(b, batch_logprobs(bf16_merge, b, cfg), want) >= 1e-4            # ... lost most of it
+
+    out = tmp_path / "eval.json"
+    rc = load_script("eval.py").main(["--model", str(run), "--sizes", "3", "--per-size", "2",
+                                      "--max-new-tokens", "8", "--device", "cpu", "--no-bf16", "--no-progress",
+                                      "--save-responses", "--out", str(out)])
+    assert rc == 0
+    got = [json.loads(line)["response"] for line in out.with_suffix(".responses.jsonl").read_text().splitlines()]
+    mine = evaluate_records(trained32, tok, kk.load_official([3])[:2], max_new_tokens=8, progress=False,
+                            keep_responses=True)["responses"]
+    assert got == [r["response"] for r in mine]
+
+
+def test_an_adapter_folder_merges_in_float32(nano_dir, tmp_path):
+    """lora.load_adapter_folder merges in float32, then loads in the dtype asked for: float32
+    gives the trained policy to float32 rounding; bf16 rounds the float32 merge once, as a
+    bf16 load rounds any checkpoint."""
+    from lopti_minimal.lora import save_adapter
+    from lopti_minimal.models import load_model_and_tokenizer
+    folder, base, trained, tok, b, cfg = bf16_base_and_update(nano_dir, tmp_path)
+    save_adapter(trained, str(tmp_path / "adapter"), base=str(folder), dtype=torch.float32)
+    f32, _ = load_model_and_tokenizer(str(tmp_path / "adapter"), dtype=torch.float32, device="cpu")
+    want = batch_logprobs(copy.deepcopy(trained).float(), b, cfg)
+    assert gap(b, batch_logprobs(f32, b, cfg), want) <= 1e-5
+    assert gap(b, batch_logprobs(base.float(), b, cfg), want) >= 1e-3
+    bf16, _ = load_model_and_tokenizer(str(tmp_path / "adapter"), dtype=torch.bfloat16, device="cpu")
+    merged = merged_copy(trained).to(torch.bfloat16).state_dict()
+    assert all(torch.equal(v, merged[k]) for k, v in bf16.state_dict().items())

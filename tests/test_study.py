@@ -39,13 +39,15 @@ def fake_model(tmp_path):
 
 
 def write_finished(run_dir: Path, cfg, acc: dict, rewards=(0.0, 0.5, 1.0), step_s=1.0, fmt=0.0, heldout=None,
-                   low=None, extra=None, along=None):
+                   low=None, extra=None, along=None, machine=None):
     """What trainer.train leaves behind, reduced to what study.py reads (derivation share =
     the reward; the held-out evaluation only if ``heldout`` is given; ``low``: the logged
     low_fraction per step; ``extra``: more metrics per step; ``along``: {step: held-out
-    accuracy} of the trainer's evaluations along the run)."""
+    accuracy} of the trainer's evaluations along the run; ``machine``: run.json's record of
+    the machine, none if not given)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": config_to_json(cfg)}))
+    (run_dir / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": config_to_json(cfg),
+                                                  **({"machine": machine} if machine else {})}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for i, r in enumerate(rewards):
             f.write(json.dumps({"step": i + 1, "reward": r, "accuracy": r / 10, "step_s": step_s,
@@ -189,27 +191,56 @@ def test_variants_are_canonical():
     assert (G.GRPO.update_passes, x2.update_passes, G.LOPTI.update_passes, G.AR.update_passes) == (1, 2, 2, 1)
 
 
+def test_isolation_arms_are_canonical_and_old_runs_keep_their_variants():
+    """The optimizer-per-stage arms (lopti.py, choice 8): a Variant knob for Lopti methods only,
+    absent from the names, overrides and labels of every variant at its default, so a run
+    saved before the option existed (no lopti_optimizer in run.json) is the variant it was:
+    every archived run in results/ reads back to its folder's name."""
+    per = G.LOPTI_PER_STAGE
+    assert (per.name, per.overrides()) == ("lopti-e0.4-per_stage", {"method": "lopti", "eta": 0.4,
+                                                                     "lopti_optimizer": "per_stage"})
+    assert per.label == "GRPO+Lopti (η=0.4, an optimizer per stage)" and per != G.LOPTI
+    assert G.AR_LOPTI_PER_STAGE.name == "ar_lopti-a0.3-e0.5-per_stage"
+    assert G.Variant("grpo", stage_optimizer="per_stage") == G.GRPO          # canonical: no Lopti
+    assert "lopti_optimizer" not in G.LOPTI.overrides() and G.LOPTI.name == "lopti-e0.4"
+    assert G.Variant.from_config({"method": "lopti", "eta": 0.4}) == G.LOPTI
+    assert G.Variant.from_config({"method": "lopti", "eta": 0.4, "lopti_optimizer": "per_stage"}) == per
+    with pytest.raises(G.StudyError, match="optimizer state"):
+        G.Variant("lopti", eta=0.4, stage_optimizer="separate")
+    cfg = S.run_config(S.RunSpec("ci", per, 0, "isolation"), "/o")
+    assert cfg.lopti_optimizer == "per_stage" and G.Variant.from_config(config_to_json(cfg)) == per
+    # an arm of the same comparison as the shared-state runs: only the variant differs
+    assert G.setting_key(cfg) == G.setting_key(S.run_config(S.RunSpec("ci", G.LOPTI, 0, "main"), "/o"))
+    archived = sorted((ROOT / "results").glob("study-*/*/*/run.json"))
+    assert archived
+    for rj in archived:
+        c = json.loads(rj.read_text())["config"]
+        assert f"{G.Variant.from_config(c).name}-s{c['seed']}" == rj.parent.name, rj
+
+
 def test_plan_dedups_shared_runs_and_is_seed_major():
     specs = S.plan_runs(["all"], 5, 3, "cpu-tiny")
     # main 4 x 5 = 20; alpha adds 0.1 0.3 0.5 (0 = GRPO, 0.2 = main AR) x 3; eta adds 0.3 0.5
     # 0.7 (0.4 = main Lopti) x 3; order adds nothing (its high-first Lopti is the criterion's).
     # control adds GRPO with two optimizer steps per rollout x 5 (the main grid's seeds);
     # criterion adds GRPO at 2x lr and both Lopti arms reversed and with a random split x 5;
+    # isolation both Lopti arms with an optimizer per stage x 5;
     # reinforce_pp adds REINFORCE++ and REINFORCE++ +AR+Lopti x 3; token_fixes its four
     # later methods x 3 (its GRPO, GRPO x2 and AR+Lopti are the main grid's and the control's).
-    assert len(specs) == 20 + 5 + 25 + 6 + 9 + 9 + 0 + 12
+    assert len(specs) == 20 + 5 + 25 + 10 + 6 + 9 + 9 + 0 + 12
     assert len({(s.variant, s.seed) for s in specs}) == len(specs)
-    # main, control and criterion together, seed-major: a study stopped early has complete,
-    # paired seeds.
-    assert [(s.variant.name, s.seed) for s in specs[:11]] == [
+    # main, control, criterion and isolation together, seed-major: a study stopped early has
+    # complete, paired seeds.
+    assert [(s.variant.name, s.seed) for s in specs[:13]] == [
         ("grpo", 0), ("ar-a0.2", 0), ("lopti-e0.4", 0), ("ar_lopti-a0.3-e0.5", 0), ("grpo-x2", 0),
         ("grpo-lrx2", 0), ("lopti-e0.4-high_first", 0), ("lopti-e0.4-random", 0),
-        ("ar_lopti-a0.3-e0.5-high_first", 0), ("ar_lopti-a0.3-e0.5-random", 0), ("grpo", 1)]
-    assert all(s.grid in ("main", "control", "criterion") for s in specs[:50])
-    assert [s.seed for s in specs[:50] if s.grid == "control"] == [0, 1, 2, 3, 4]
-    assert [s.variant.name for s in specs[50:52]] == ["rpp-grpo", "rpp-ar_lopti-a0.3-e0.5"]
-    assert S.run_config(specs[50], "/o").estimator == "reinforce_pp"
-    assert max(s.seed for s in specs[50:]) == 2
+        ("ar_lopti-a0.3-e0.5-high_first", 0), ("ar_lopti-a0.3-e0.5-random", 0),
+        ("lopti-e0.4-per_stage", 0), ("ar_lopti-a0.3-e0.5-per_stage", 0), ("grpo", 1)]
+    assert all(s.grid in ("main", "control", "criterion", "isolation") for s in specs[:60])
+    assert [s.seed for s in specs[:60] if s.grid == "control"] == [0, 1, 2, 3, 4]
+    assert [s.variant.name for s in specs[60:62]] == ["rpp-grpo", "rpp-ar_lopti-a0.3-e0.5"]
+    assert S.run_config(specs[60], "/o").estimator == "reinforce_pp"
+    assert max(s.seed for s in specs[60:]) == 2
     # The criterion grid alone: its 9 arms (the baselines included) x --seeds, seed-major.
     crit = S.plan_runs(["criterion"], 5, 3, "cpu-tiny")
     assert len(crit) == 45 and [s.variant for s in crit[:9]] == list(G.CRITERION) and crit[9].seed == 1
@@ -508,6 +539,65 @@ def test_heldout_accuracy_along_the_way_is_tabulated_and_paired(tmp_path, fake_m
     # The mechanism figure of the new arms, as for the old ones.
     assert "![mechanism, criterion](figs/study-ci-criterion-mechanism.png)" in text
     assert (figs / "study-ci-criterion-mechanism.png").stat().st_size > 1000
+
+
+M1 = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "threads": 1, "gpu": None, "torch": "2.14.1"}
+
+
+def test_seeds_whose_arms_ran_on_different_machines_leave_the_grid(tmp_path, fake_model):
+    """grid.py, choice 4. The isolation grid's arms GRPO, Lopti and Lopti per stage, seeds
+    0-3, all on one machine but for seed 1 of Lopti per stage (another torch) and seed 3 of
+    GRPO (no machine recorded, an older run): the isolation table keeps seeds 0 and 2 in every
+    row and pair and names the others with the field that differs; the main grid (GRPO and
+    Lopti) keeps seed 1, whose two arms agree. Accuracy: GRPO .2, Lopti .3, per stage .4 +
+    .1 x seed."""
+    out = tmp_path / "study"
+    machine = {(G.LOPTI_PER_STAGE, 1): dict(M1, torch="2.15.0"), (G.GRPO, 3): None}
+    for v, base in ((G.GRPO, .2), (G.LOPTI, .3), (G.LOPTI_PER_STAGE, .4)):
+        for seed in range(4):
+            spec = S.RunSpec("ci", v, seed, "isolation")
+            cfg = S.run_config(spec, out, {"model": fake_model, "steps": 3})
+            a = base + .1 * seed
+            write_finished(spec.run_dir(out), cfg, {3: a, 4: a}, machine=machine.get((v, seed), M1))
+    pr = A.aggregate(out)["presets"]["ci"]
+    t = pr["grids"]["isolation"]
+    assert t["seeds"] == [0, 2]
+    assert t["machine_apart"] == [{"seed": 1, "differs": ["torch"]},
+                                  {"seed": 3, "differs": ["cpu", "torch", "threads"]}]
+    assert {r["n"] for r in t["rows"].values()} == {2}
+    assert t["rows"][G.LOPTI_PER_STAGE.name]["vs_grpo"]["avg"]["seeds"] == [0, 2]
+    [d] = [d for d in t["pairs"] if d["a"] == G.LOPTI_PER_STAGE.label and d["b"] == G.LOPTI.label]
+    assert d["avg"]["seeds"] == [0, 2] and d["avg"]["mean"] == pytest.approx(0.1)
+    main = pr["grids"]["main"]
+    assert main["seeds"] == [0, 1, 2]
+    assert main["machine_apart"] == [{"seed": 3, "differs": ["cpu", "torch", "threads"]}]
+    report = tmp_path / "R.md"
+    R.write_report(A.aggregate(out), report, tmp_path / "figs", plots=False)
+    text = report.read_text()
+    assert ("Seeds 0, 2 (n = 2 per row). 2 seed(s) left out, their arms having run on different machines "
+            "(the CPU model, torch version or thread count each run recorded): seed 1 (torch differs), "
+            "3 (cpu, torch, threads differ); every row and every paired difference is over the "
+            "seeds above only.") in text
+    assert "| GRPO+Lopti (η=0.4, an optimizer per stage) minus GRPO+Lopti (η=0.4) |" in text
+    # A study on one machine: no seed left out, no such sentence, no new key in the aggregate.
+    one = tmp_path / "one"
+    for v in (G.GRPO, G.LOPTI):
+        for seed in range(2):
+            spec = S.RunSpec("ci", v, seed, "main")
+            write_finished(spec.run_dir(one), S.run_config(spec, one, {"model": fake_model, "steps": 3}),
+                           {3: .3}, machine=M1)
+    t1 = A.aggregate(one)["presets"]["ci"]["grids"]["main"]
+    assert t1["seeds"] == [0, 1] and "machine_apart" not in t1
+
+
+def test_every_archived_study_ran_each_seed_on_one_machine():
+    """What keeps the archive reportable as it was (grid.py, choice 4): no grid of a study
+    in results/ leaves a seed out for its machine."""
+    studies = sorted({rj.parent.parent.parent for rj in (ROOT / "results").glob("study-*/*/*/run.json")})
+    assert studies
+    for out in studies:
+        for preset in A.aggregate(out)["presets"].values():
+            assert not any("machine_apart" in t for t in preset["grids"].values()), out
 
 
 def test_report_only_is_byte_identical_and_writes_only_what_it_is_asked(tmp_path, fake_model):

@@ -56,7 +56,7 @@ def test_ci_preset_end_to_end(nano_dir, tmp_path):
     (["--method", "ppo"], "unknown method"),
     (["--alpha", "1.2"], "alpha"),
     (["--eta", "0"], "eta"),
-    (["--group-size", "1"], "group size"),
+    (["--group-size", "1"], "group-size"),
     (["--preset", "nope"], "unknown preset"),
     (["--alpha", "abc"], "invalid float"),
     (["--rl-sizes", "3,x"], "people per puzzle"),

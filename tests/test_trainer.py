@@ -96,7 +96,7 @@ def test_config_from_json_reads_older_configs():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(method="ppo"), "unknown method"), (dict(alpha=1.5), "alpha"), (dict(alpha=-0.1), "alpha"),
-    (dict(eta=0.0), "eta"), (dict(eta=1.01), "eta"), (dict(group_size=1), "group size"),
+    (dict(eta=0.0), "eta"), (dict(eta=1.01), "eta"), (dict(group_size=1), "group-size"),
     (dict(steps=0), "steps"), (dict(ppo_epochs=0), "ppo-epochs"), (dict(lopti_split="entropy"), "lopti split")])
 def test_bad_config_is_rejected(kw, words):
     with pytest.raises(TrainError, match=words):

@@ -540,3 +540,16 @@ def test_core_does_not_import_trl():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True,
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def test_per_stage_optimizers_are_refused_in_one_line():
+    """Lopti with one optimizer per stage (lopti.py, choice 8) is not expressible on TRL,
+    whose Trainer steps one optimizer in both passes: the mapping and the subclass refuse
+    it, before anything is built; the default (shared, the reference's) maps."""
+    cfg = T.make_config("ci", method="lopti", lopti_optimizer="per_stage")
+    for build in (lambda: trl_grpo_args(cfg, "/tmp/x"), lambda: LoptiGRPOTrainer(cfg=cfg)):
+        with pytest.raises(ValueError, match="lopti_optimizer='per_stage' is not supported on TRL") as e:
+            build()
+        assert "\n" not in str(e.value)
+    assert trl_grpo_args(T.make_config("ci", method="lopti"), "/tmp/x")["num_iterations"] == 2
+    assert trl_grpo_args(T.make_config("ci", method="grpo", lopti_optimizer="per_stage"), "/tmp/x")

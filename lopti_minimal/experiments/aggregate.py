@@ -4,7 +4,8 @@ report (report.py) writes docs/RESULTS.md from.
 Design choices (study.py, design choices 5 and 6):
 
 1. Runs are compared only within one setting (grid.setting_key); a run of another setting
-   is listed as excluded, with the fields it differs in.
+   is listed as excluded, with the fields it differs in. A seed whose arms ran on different
+   machines (CPU model, torch, threads) leaves the grid's table (grid.py, choice 4).
 2. Per grid a balanced table: the seeds all its rows have, means with 95% t intervals, the
    paired difference from GRPO (and the grid's other pairs) with its interval (stats.py).
 3. Reproducible: nothing in the aggregate depends on when or where it is made (no
@@ -22,7 +23,8 @@ import numpy as np
 from .. import runs
 from ..runs import read_jsonl
 from .grid import (GRID_PAIRS, GRIDS, GRPO, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, Variant,
-                   config_diff, portable, setting_key, warm_start_eval_path)
+                   config_diff, machine_key, portable, same_machine_seeds, setting_key,
+                   warm_start_eval_path)
 from .mechanism_report import MECH_KEYS, run_scalars
 from .mechanism_report import curves as mechanism_curves
 from .stats import mean_ci, paired_diff, t975
@@ -48,9 +50,11 @@ def read_run(run_dir) -> dict:
         wall = json.loads(tfile.read_text())["wall_s"]
     else:                                        # a run made outside the study
         wall = sum(m.get("step_s", 0.0) for m in metrics) + float(ev.get("seconds", 0.0))
-    code = json.loads((run_dir / "run.json").read_text()).get("code")
+    run_json = json.loads((run_dir / "run.json").read_text())
+    code = run_json.get("code")
     return {"dir": str(run_dir), "preset": cfg.get("preset", "?"), "variant": Variant.from_config(cfg),
             "code": (code["commit"][:12] + ("+changes" if code["dirty"] else "")) if code else "not recorded",
+            "machine": machine_key(run_json),
             "seed": int(cfg["seed"]), "config": cfg, "setting": setting_key(cfg),
             "accuracy": acc, "avg": float(np.mean(list(acc.values()))),
             "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
@@ -187,11 +191,13 @@ def heldout_along_rows(vr: list[dict], base: dict | None, steps: list[int]) -> d
 def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict | None:
     """The balanced table of one grid: only the seeds that *every* variant of the grid
     with finished runs has, so each row (GRPO's included) averages the same seeds and
-    every difference is paired on all of them."""
+    every difference is paired on all of them; and of those only the seeds whose runs
+    share one machine (grid.py, choice 4; the others under "machine_apart")."""
     names = [v for v in GRIDS[grid] if v in groups]
     if not names:
         return None
     seeds = sorted(set.intersection(*({r["seed"] for r in groups[v]} for v in names)))
+    seeds, apart = same_machine_seeds({v: {r["seed"]: r["machine"] for r in groups[v]} for v in names}, seeds)
     rows = {}
     for v in names:
         vr = [r for r in groups[v] if r["seed"] in seeds]
@@ -223,7 +229,10 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
                         "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None,
                         "mechanism_curves": mechanism_curves(vr, window) if vr else None}
     pairs = [pair_diffs(groups, a, b, seeds) for a, b in GRID_PAIRS.get(grid, ())]
-    return {"seeds": seeds, "rows": rows, "pairs": [d for d in pairs if d]}
+    out = {"seeds": seeds, "rows": rows, "pairs": [d for d in pairs if d]}
+    if apart:        # only then: the aggregate of a study on one machine keeps its bytes
+        out["machine_apart"] = apart
+    return out
 
 
 def _mean_of(rs: list[dict], key: str) -> float | None:

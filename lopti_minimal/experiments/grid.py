@@ -8,6 +8,15 @@ Design choices:
 2. Two runs belong to one comparison when their configs agree in everything but the
    variant, the seed and the runtime fields (setting_key).
 3. One module for both readers: study.py runs the grids, report.py tabulates them.
+4. Runs are paired only where they ran alike: a run's numbers (bf16 kernels above all) may
+   differ with the CPU model, the torch build and the thread count, which every run
+   records (run.json["machine"], runs.machine_info). A seed enters a grid's table only if
+   all its arms' runs agree in these three (MACHINE_FIELDS; a run that recorded none, made
+   before the record existed, agrees only with another such run); the other seeds are left
+   out of every row and every pair of that grid, and the report says which and which field
+   differs (`same_machine_seeds`). Not a refusal: a study with one mixed seed keeps its
+   other seeds, and every archive in results/ ran each study on one machine, so its report
+   is unchanged.
 """
 from __future__ import annotations
 
@@ -16,8 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import (ESTIMATORS, LOPTI_ORDERS, LOPTI_SPLITS, METHODS, TOKEN_FIXES, TrainConfig,
-                      paper_settings, uses_ar, uses_lopti, without_ar)
+from ..config import (ESTIMATORS, LOPTI_OPTIMIZERS, LOPTI_ORDERS, LOPTI_SPLITS, METHODS, TOKEN_FIXES,
+                      TrainConfig, paper_settings, uses_ar, uses_lopti, without_ar)
 from ..paths import work_root
 from ..runs import config_from_json, config_to_json
 
@@ -44,6 +53,9 @@ class Variant:
     estimator: str = "grpo"           # advantage estimator: grpo | reinforce_pp (REINFORCE++)
     split: str = "probability"        # Lopti's first stage: pi_old < eta | random, Lopti methods only
     lr_scale: float = 1.0             # the optimizer's lr = the study's lr x this (TrainConfig.lr_scale)
+    # Lopti's optimizer state: shared by its stages (the reference) | per_stage, Lopti methods only
+    # (TrainConfig.lopti_optimizer; the default leaves names and overrides as before it existed)
+    stage_optimizer: str = "shared"
 
     def __post_init__(self):
         m = self.method
@@ -53,6 +65,9 @@ class Variant:
             raise StudyError(f"unknown Lopti order {self.order!r}: low_first or high_first")
         if self.split not in LOPTI_SPLITS:
             raise StudyError(f"unknown Lopti split {self.split!r}: {' or '.join(LOPTI_SPLITS)}")
+        if self.stage_optimizer not in LOPTI_OPTIMIZERS:
+            raise StudyError(f"unknown Lopti optimizer state {self.stage_optimizer!r}: "
+                             f"{' or '.join(LOPTI_OPTIMIZERS)}")
         if uses_ar(m) and self.alpha is not None and float(self.alpha) == 0.0:
             m = without_ar(m)
         ar, lopti = uses_ar(m), uses_lopti(m)
@@ -61,6 +76,7 @@ class Variant:
         object.__setattr__(self, "eta", float(self.eta) if lopti and self.eta is not None else None)
         object.__setattr__(self, "order", self.order if lopti else "low_first")
         object.__setattr__(self, "split", self.split if lopti else "probability")
+        object.__setattr__(self, "stage_optimizer", self.stage_optimizer if lopti else "shared")
         object.__setattr__(self, "ppo_epochs", int(self.ppo_epochs))
         object.__setattr__(self, "lr_scale", float(self.lr_scale))
         if self.estimator not in ESTIMATORS:
@@ -73,7 +89,7 @@ class Variant:
     @property
     def name(self) -> str:
         """Directory-safe, deterministic: grpo, ar-a0.2, lopti-e0.4-high_first,
-        lopti-e0.4-random, grpo-lrx2, ..."""
+        lopti-e0.4-random, lopti-e0.4-per_stage, grpo-lrx2, ..."""
         s = self.method
         if self.alpha is not None:
             s += f"-a{self.alpha:g}"
@@ -83,6 +99,8 @@ class Variant:
             s += f"-{self.order}"
         if self.split != "probability":
             s += f"-{self.split}"
+        if self.stage_optimizer != "shared":
+            s += f"-{self.stage_optimizer}"
         if self.ppo_epochs != 1:
             s += f"-x{self.ppo_epochs}"
         if self.lr_scale != 1.0:
@@ -99,6 +117,7 @@ class Variant:
                 ([f"η={self.eta:g}"] if self.eta is not None else []) + \
                 (["high first"] if self.order == "high_first" else []) + \
                 ([f"{self.split} split"] if self.split != "probability" else []) + \
+                (["an optimizer per stage"] if self.stage_optimizer != "shared" else []) + \
                 ([f"{self.ppo_epochs} optimizer steps per rollout"] if self.ppo_epochs != 1 else []) + \
                 ([f"lr ×{self.lr_scale:g}"] if self.lr_scale != 1.0 else [])
         return f"{base} ({', '.join(knobs)})" if knobs else base
@@ -115,6 +134,8 @@ class Variant:
             d["lopti_order"] = self.order
         if self.split != "probability":
             d["lopti_split"] = self.split
+        if self.stage_optimizer != "shared":
+            d["lopti_optimizer"] = self.stage_optimizer
         if self.ppo_epochs != 1:
             d["ppo_epochs"] = self.ppo_epochs
         if self.estimator != "grpo":
@@ -129,7 +150,8 @@ class Variant:
         lacks has the value it ran with (the default)."""
         return cls(cfg["method"], cfg.get("alpha"), cfg.get("eta"), order=cfg.get("lopti_order", "low_first"),
                    ppo_epochs=cfg.get("ppo_epochs", 1), estimator=cfg.get("estimator", "grpo"),
-                   split=cfg.get("lopti_split", "probability"), lr_scale=cfg.get("lr_scale", 1.0))
+                   split=cfg.get("lopti_split", "probability"), lr_scale=cfg.get("lr_scale", 1.0),
+                   stage_optimizer=cfg.get("lopti_optimizer", "shared"))
 
     @property
     def update_passes(self) -> int:
@@ -175,10 +197,17 @@ AR_LOPTI_RANDOM = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, sp
 GRPO_LR2 = Variant("grpo", lr_scale=2.0)
 CRITERION = (GRPO, GRPO_X2, GRPO_LR2, LOPTI, LOPTI_HIGH, LOPTI_RANDOM, AR_LOPTI, AR_LOPTI_HIGH,
              AR_LOPTI_RANDOM)
+# Is Lopti's isolation complete? Its stages share one AdamW state, as in the reference, so stage
+# 2's step still carries about half stage 1's gradient (lopti.py, choice 8). Each Lopti arm with
+# an optimizer per stage isolates the stages in the optimizer too; beside them the control.
+LOPTI_PER_STAGE = Variant("lopti", eta=LOPTI.eta, stage_optimizer="per_stage")
+AR_LOPTI_PER_STAGE = Variant("ar_lopti", alpha=AR_LOPTI.alpha, eta=AR_LOPTI.eta, stage_optimizer="per_stage")
+ISOLATION = (GRPO, GRPO_X2, LOPTI, LOPTI_PER_STAGE, AR_LOPTI, AR_LOPTI_PER_STAGE)
 GRIDS: dict[str, tuple[Variant, ...]] = {
     "main": MAIN,
     "control": (GRPO, GRPO_X2, LOPTI),
     "criterion": CRITERION,
+    "isolation": ISOLATION,
     "reinforce_pp": (GRPO, RPP, RPP_AR_LOPTI),
     # alpha = 0 is GRPO (canonicalised), alpha = 0.2 is the main grid's AR.
     "alpha": tuple(Variant("ar", alpha=a) for a in (0.0, 0.1, 0.2, 0.3, 0.5)),
@@ -200,6 +229,10 @@ GRID_PAIRS: dict[str, tuple[tuple[Variant, Variant], ...]] = {
     "criterion": ((LOPTI_HIGH, LOPTI), (AR_LOPTI_HIGH, AR_LOPTI), (LOPTI_RANDOM, LOPTI),
                   (AR_LOPTI_RANDOM, AR_LOPTI), (LOPTI_RANDOM, GRPO_X2), (AR_LOPTI_RANDOM, GRPO_X2),
                   (GRPO_LR2, GRPO), (GRPO_LR2, GRPO_X2), (LOPTI, GRPO_LR2), (AR_LOPTI, GRPO_LR2)),
+    # each Lopti arm with an optimizer per stage against its shared-state twin (what the
+    # shared state costs or gives) and against the control (two optimizer steps per rollout)
+    "isolation": ((LOPTI_PER_STAGE, LOPTI), (AR_LOPTI_PER_STAGE, AR_LOPTI), (LOPTI_PER_STAGE, GRPO_X2),
+                  (AR_LOPTI_PER_STAGE, GRPO_X2)),
     "reinforce_pp": ((RPP_AR_LOPTI, RPP),),
     # each later method against AR+Lopti (the paper's best) and against the control (GRPO
     # with as many optimizer steps)
@@ -209,6 +242,8 @@ GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
                "control": "Control: GRPO with two optimizer steps per rollout (as many as Lopti)",
                "criterion": "What carries Lopti's effect: its criterion (a random split of the same "
                             "size), its stage order (high first) or its step size (GRPO at 2x lr)",
+               "isolation": "Lopti's isolation in the optimizer: one AdamW state shared by its stages "
+                            "(the reference) or one per stage",
                "reinforce_pp": "REINFORCE++ as the baseline (the reference's other estimator)",
                "alpha": "Sweep: AR strength alpha (GRPO+AR)",
                "eta": "Sweep: Lopti threshold eta (GRPO+Lopti)",
@@ -239,10 +274,12 @@ PAPER_KK = {
 # bit-identical gradients, and glibc's mmap threshold; and the held-out evaluations along the
 # run; all tested): ignored when configs are compared, so runs from before they existed still
 # pair with new ones (such a run has no held-out accuracy along the way: the report says n).
+# The thread count may change the order of a sum, so a paired seed's arms must share the
+# count each run recorded (MACHINE_FIELDS, choice 4).
 RUNTIME_FIELDS = {"run_dir", "progress", "plots", "tensorboard", "threads", "cache_dir",
                   "gradient_checkpointing", "mmap_threshold_mb", "heldout_data", "heldout_steps"}
-VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "lopti_split", "ppo_epochs", "estimator",
-                  "lr_scale", "seed"}
+VARIANT_FIELDS = {"method", "alpha", "eta", "lopti_order", "lopti_split", "lopti_optimizer", "ppo_epochs",
+                  "estimator", "lr_scale", "seed"}
 
 
 def normalised(cfg) -> dict:
@@ -262,6 +299,34 @@ def setting_key(cfg) -> str:
     """What must be equal across the runs of one comparison: all but variant and seed."""
     d = normalised(cfg)
     return json.dumps({k: v for k, v in sorted(d.items()) if k not in RUNTIME_FIELDS | VARIANT_FIELDS})
+
+
+# What a run records of its machine (runs.machine_info) that must be equal between the arms of
+# a paired seed (choice 4): the CPU's model name, the torch version (its build) and torch's
+# intra-op threads. The config's `threads` is a runtime field above: a run's config does not
+# change with it, its arithmetic may (how a kernel splits a reduction).
+MACHINE_FIELDS = ("cpu", "torch", "threads")
+
+
+def machine_key(run_json: dict) -> dict:
+    """The MACHINE_FIELDS of a run's run.json (None where it recorded no machine)."""
+    m = run_json.get("machine") or {}
+    return {f: m.get(f) for f in MACHINE_FIELDS}
+
+
+def same_machine_seeds(machines: dict, seeds) -> tuple[list, list[dict]]:
+    """Choice 4. ``machines``: {arm: {seed: machine_key}} of the arms compared. Returns (the
+    seeds whose arms all share every MACHINE_FIELD, [{"seed", "differs": [fields]}] for the
+    others)."""
+    keep, apart = [], []
+    for s in seeds:
+        keys = [by_seed[s] for by_seed in machines.values()]
+        differs = [f for f in MACHINE_FIELDS if len({k[f] for k in keys}) > 1]
+        if differs:
+            apart.append({"seed": s, "differs": differs})
+        else:
+            keep.append(s)
+    return keep, apart
 
 
 # =======================================================================================

@@ -31,7 +31,7 @@ from .report import format_hours
 
 # The grids that share the main grid's seeds (--seeds) and run seed-major with it; the
 # others are sweeps (--sweep-seeds).
-PAIRED_GRIDS = ("main", "control", "criterion")
+PAIRED_GRIDS = ("main", "control", "criterion", "isolation")
 
 
 @dataclass(frozen=True)

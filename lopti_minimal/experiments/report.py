@@ -428,11 +428,24 @@ def _preset_intro(preset: str, pr: dict) -> list[str]:
 def _seeds_line(grid: str, table: dict, pr: dict) -> str:
     return (f"Seeds {_seed_text(table['seeds'])} (n = {len(table['seeds'])} per row)."
             + (" The first row is the starting policy, evaluated once in the same way (`warm-start-eval.json`)."
-               if grid == "main" and pr.get("warm_start") else ""))
+               if grid == "main" and pr.get("warm_start") else "") + _machine_text(table))
+
+
+def _machine_text(table: dict) -> str:
+    """The seeds a grid left out because their arms ran on different machines (grid.py,
+    choice 4): how many, which, and which recorded field differs."""
+    apart = table.get("machine_apart")
+    if not apart:
+        return ""
+    which = ", ".join(f"{a['seed']} ({', '.join(a['differs'])} differ{'s' if len(a['differs']) == 1 else ''})"
+                      for a in apart)
+    return (f" {len(apart)} seed(s) left out, their arms having run on different machines (the CPU model, "
+            f"torch version or thread count each run recorded): seed {which}; every row and every paired "
+            "difference is over the seeds above only.")
 
 
 def _grid_warm(grid: str, pr: dict) -> dict | None:     # the grids whose tables show the warm start
-    return pr.get("warm_start") if grid in ("main", "control", "criterion") else None
+    return pr.get("warm_start") if grid in ("main", "control", "criterion", "isolation") else None
 
 
 def _grid_full(grid: str, table: dict, pr: dict) -> list[str]:

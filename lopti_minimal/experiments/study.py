@@ -3,6 +3,7 @@ confidence intervals, and the report docs/RESULTS.md.
 
     python -m lopti_minimal.experiments.study               # main grid and control x 5 seeds, cpu-tiny
     python -m lopti_minimal.experiments.study --grid criterion  # what carries Lopti's effect
+    python -m lopti_minimal.experiments.study --grid isolation  # Lopti with an optimizer per stage
     python -m lopti_minimal.experiments.study --grid all    # + REINFORCE++, alpha, eta, order sweeps
     python -m lopti_minimal.experiments.study --dry-run     # the plan, what is done, a time estimate
     python -m lopti_minimal.experiments.study --report-only # aggregate finished runs: OUT/RESULTS.md
