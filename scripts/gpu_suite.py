@@ -68,8 +68,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable or "python3"
 TEST_FILES = ["tests/test_precision.py", "tests/test_sampling.py", "tests/test_grpo.py",
               "tests/test_lopti.py", "tests/test_gpu_presets.py"]
-# The CPU figure beside which the tiny run's is read: the shipped default run, seed 0 (2 cores).
-CPU_REFERENCE = ROOT / "results" / "rl-default" / "tiny-warm-s0" / "metrics.jsonl"
+# The CPU figure beside which the tiny run's is read: the README's default run, seed 0 (2 cores).
+CPU_REFERENCE = ROOT / "results" / "rl-default-fixed" / "tiny-warm-s0" / "metrics.jsonl"
 LOG_LIMIT = 12 << 20           # bytes of gpu_suite.log (files come back up to 16 MiB)
 RESERVE_S = 8                  # kept for the final JSON
 
