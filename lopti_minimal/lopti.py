@@ -63,6 +63,7 @@ import torch
 
 from .batch import Rollout
 from .grpo import batch_logprobs, grpo_update
+from .precision import StageOptimizers     # choice 8's pair of optimizers
 
 
 def split_by_probability(old_logprobs: torch.Tensor, response_mask: torch.Tensor,
@@ -108,34 +109,6 @@ def split_generator(seed: int, step: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(int(np.random.SeedSequence([seed, step, 4]).generate_state(1)[0]))
     return g
-
-
-class StageOptimizers:
-    """Choice 8, ``lopti_optimizer="per_stage"``: one optimizer per token set, ``low`` and
-    ``high``, over the same parameters; `lopti_update` steps each in its stage only.
-
-    To the run's plumbing it is one optimizer: `state_dict` holds both states (a
-    checkpoint's trainer_state.pt, runs.save_checkpoint) and `load_state_dict` restores
-    both (--resume), so a resumed run repeats the uninterrupted one bit for bit."""
-
-    def __init__(self, low, high):
-        self.low, self.high = low, high
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for opt in (self.low, self.high):
-            opt.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        # plain containers of tensors and numbers: runs.read_state loads it weights-only
-        return {"per_stage": {"low": self.low.state_dict(), "high": self.high.state_dict()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "per_stage" not in state:
-            raise ValueError("this optimizer state is one shared by both Lopti stages; the run has "
-                             "one per stage (lopti_optimizer='per_stage'): resume it with the config it "
-                             "was saved with")
-        self.low.load_state_dict(state["per_stage"]["low"])
-        self.high.load_state_dict(state["per_stage"]["high"])
 
 
 def stage_optimizers(optimizer, order: str) -> tuple:

@@ -213,16 +213,44 @@ def ref_dtype(cfg) -> torch.dtype | None:
     return None if cfg.ref_dtype == "same" else DTYPES[cfg.ref_dtype]
 
 
+class StageOptimizers:
+    """lopti.py's choice 8, ``lopti_optimizer="per_stage"``: one optimizer per token set,
+    ``low`` and ``high``, over the same parameters; `lopti_update` steps each in its stage
+    only (lopti.py imports it from here: precision stays below grpo and lopti).
+
+    To the run's plumbing it is one optimizer: `state_dict` holds both states (a
+    checkpoint's trainer_state.pt, runs.save_checkpoint) and `load_state_dict` restores
+    both (--resume), so a resumed run repeats the uninterrupted one bit for bit."""
+
+    def __init__(self, low, high):
+        self.low, self.high = low, high
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in (self.low, self.high):
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        # plain containers of tensors and numbers: runs.read_state loads it weights-only
+        return {"per_stage": {"low": self.low.state_dict(), "high": self.high.state_dict()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "per_stage" not in state:
+            raise ValueError("this optimizer state is one shared by both Lopti stages; the run has "
+                             "one per stage (lopti_optimizer='per_stage'): resume it with the config it "
+                             "was saved with")
+        self.low.load_state_dict(state["per_stage"]["low"])
+        self.high.load_state_dict(state["per_stage"]["high"])
+
+
 def build_optimizer(model, cfg):
     """The optimizer of ``cfg.optimizer`` over the model's trainable (master) weights (LoRA:
     the adapters only), with cfg.optimizer_lr (lr x lr_scale), cfg.adam_betas and
     cfg.weight_decay. Lopti with ``lopti_optimizer="per_stage"``: two of them over the same
-    weights, one per stage (lopti.StageOptimizers, lopti.py choice 8); every kind works so,
+    weights, one per stage (`StageOptimizers`, lopti.py choice 8); every kind works so,
     as each keeps its state per optimizer (adamw8bit its 8-bit moments, adafactor its
     factored ones), and the state costs twice its memory."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.uses_lopti and cfg.lopti_optimizer == "per_stage":
-        from .lopti import StageOptimizers     # lopti imports grpo; precision stays below both
         return StageOptimizers(low=_optimizer(params, cfg), high=_optimizer(params, cfg))
     return _optimizer(params, cfg)
 
