@@ -20,77 +20,19 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
-
-from .aggregate import CURVE_KEYS, SELECT_AT
+from .aggregate import SELECT_AT
 from .grid import GRID_TITLES, GRPO, PAPER_KK, portable
 from .mechanism_report import plot_mechanism
 from .mechanism_report import tables as mechanism_tables
+from .study_plots import _seed_text, plot_curves, plot_sizes
 
 HAND_BEGIN = "<!-- BEGIN HAND-WRITTEN: study.py keeps this block when it regenerates the file -->"
 HAND_END = "<!-- END HAND-WRITTEN -->"
 
 
 # =======================================================================================
-# 6. Plots
-# =======================================================================================
-
-def plot_curves(table: dict, path, title: str, window: int) -> str:
-    """Learning curves of a grid table: mean over its seeds with a 95% t band."""
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(16, 3.8))
-    axes = fig.subplots(1, 3)
-    for ax, key, lab in zip(axes, CURVE_KEYS, ("mean reward", "accuracy of sampled responses",
-                                               "share of derivations among the samples")):
-        for row in table["rows"].values():
-            c = (row["curves"] or {}).get(key)
-            if not c or not c["step"]:
-                continue
-            line, = ax.plot(c["step"], c["mean"], lw=2, label=row["label"])
-            ax.fill_between(c["step"], c["lo"], c["hi"], color=line.get_color(), alpha=0.18, lw=0)
-        ax.set_xlabel("RL step")
-        ax.set_title(f"{lab} (moving avg {window})", fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{title}; mean over seeds {_seed_text(table['seeds'])}, 95% t band", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return str(path)
-
-
-def plot_sizes(table: dict, sizes: list[int], path, title: str) -> str:
-    """Final accuracy per size and avg of a grid table, with 95% t error bars."""
-    from matplotlib.figure import Figure
-    cols = [str(n) for n in sizes] + ["avg"]
-    x = np.arange(len(cols))
-    rows = list(table["rows"].values())
-    w = 0.8 / max(len(rows), 1)
-    fig = Figure(figsize=(1.3 * len(cols) + 3, 3.8))
-    ax = fig.subplots()
-    for i, row in enumerate(rows):
-        m = [row["accuracy"][c]["mean"] for c in cols]
-        h = [row["accuracy"][c]["half"] or 0.0 for c in cols]
-        ax.bar(x + (i - (len(rows) - 1) / 2) * w, m, w, yerr=h, capsize=2, label=row["label"])
-    ax.set_xticks(x, [f"{c} people" if c != "avg" else "avg" for c in cols])
-    ax.set_ylabel("greedy accuracy (official sets)")
-    ax.set_title(f"{title}; seeds {_seed_text(table['seeds'])}", fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return str(path)
-
-
-# =======================================================================================
 # 7. The report (markdown)
 # =======================================================================================
-
-def _seed_text(seeds) -> str:
-    seeds = list(seeds)
-    if seeds and seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2:
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ", ".join(map(str, seeds)) or "none"
-
 
 def _cell(s: dict, digits: int = 3) -> str:
     if s["mean"] is None:
