@@ -338,24 +338,16 @@ def test_per_stage_run_resumes_exactly(nano_dir, tmp_path):
     """Both stage optimizers' states are in every checkpoint (trainer_state.pt), so a
     per-stage run interrupted during step 4 and resumed from its step-2 checkpoint repeats
     the uninterrupted run bit for bit (as test_trainer's resume test for the default)."""
-    from test_trainer import length_reward, small_cfg, strip
+    from test_trainer import interrupting_reward, length_reward, small_cfg, strip
     from lopti_minimal import plumbing, runs, trainer
 
     def cfg(where):
         return small_cfg(nano_dir, where, method="lopti", eta=0.003, lopti_optimizer="per_stage")
 
     a = trainer.train(cfg(tmp_path / "a"), reward_fn=length_reward, log=lambda s: None)
-    calls = {"n": 0}
-
-    def interrupting_reward(text, record):
-        calls["n"] += 1
-        if calls["n"] > 3 * 2 * 4:              # 3 steps x 2 prompts x G=4, then Ctrl-C
-            raise KeyboardInterrupt
-        return length_reward(text, record)
-
     cfg_b = cfg(tmp_path / "b")
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train(cfg_b, reward_fn=interrupting_reward, log=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):            # during step 4: 3 steps x 2 prompts x G=4
+        trainer.train(cfg_b, reward_fn=interrupting_reward(3), log=lambda s: None)
     [(step, ckpt)] = runs.checkpoints(cfg_b.run_dir)
     state = runs.read_state(ckpt / "trainer_state.pt", "")["optimizer"]["per_stage"]
     assert step == 2 and all(s["state"] for s in state.values())      # both stages stepped

@@ -33,6 +33,19 @@ def small_cfg(nano_dir, tmp_path, **kw):
     return make_config("ci", **base)
 
 
+def interrupting_reward(steps: int, rows_per_step: int = 2 * 4):
+    """length_reward for `steps` steps' responses (prompts x G each), then Ctrl-C: a run
+    interrupted during the next step."""
+    calls = {"n": 0}
+
+    def reward(text, record):
+        calls["n"] += 1
+        if calls["n"] > steps * rows_per_step:
+            raise KeyboardInterrupt
+        return length_reward(text, record)
+    return reward
+
+
 def strip(ms):
     return [{k: v for k, v in m.items() if k not in TIMING} for m in ms]
 
