@@ -32,7 +32,15 @@ Design choices:
    merged, so ``--model OUT`` works in train.py and eval.py like any checkpoint.
 4. Data: warmstart_data.PuzzleStream (the tiny warm start's generator), a batch of one
    puzzle size drawn uniformly from ``sizes``, the official test sets and every puzzle of
-   ``exclude`` (data/heldout3.jsonl) left out: every evaluation set stays unseen.
+   the ``exclude`` files left out: every evaluation set stays unseen. ``exclude`` takes
+   files or glob patterns, comma-separated; the default, data/heldout*.jsonl, is every
+   held-out set scripts/heldout_set.py has made (3, 4 and 5 people), so a supervised
+   control cannot train on one it forgot to name. A pattern is expanded when the run
+   starts and the files are what the config (OUT.resume, warmstart.json) records, so
+   --resume excludes exactly the same puzzles even if a file appears meanwhile; an older
+   state's single path reads as before. Excluding heldout4/5 changes no puzzle a run at
+   seeds 0-3 draws in its first 256 chunks: heldout_set.py made them from outside those
+   chunks, so runs made before them are rebuilt exactly.
 5. Loss and numerics: warmstart.response_loss (mean next-token cross-entropy over the
    response tokens, right padding without a mask), bf16 autocast on float32 adapters,
    AdamW, linear warmup then cosine decay to ``min_lr_ratio``, gradient norm clipped at 1.
@@ -43,6 +51,7 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -50,7 +59,7 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm import tqdm
@@ -84,8 +93,9 @@ class LMWarmStartConfig:
                           "batch, drawn uniformly)", type=parse_sizes)
     max_response_tokens: int = option(384, "train only on targets of at most this many tokens "
                                       "(the RL run's response budget)")
-    exclude: str = option("data/heldout3.jsonl", "JSON Lines of puzzles never to train on "
-                          "(the official test sets are always excluded)")
+    exclude: str = option("data/heldout*.jsonl", "JSON Lines of puzzles never to train on: files "
+                          "or glob patterns, comma-separated, '' none (the official test sets are "
+                          "always excluded)")
     seed: int = option(0, "seed of the puzzles, the batches and the adapters' init")
     threads: int | None = option(None, "torch threads (default: all cores)", type=int)
     bf16: bool = option(True, "train in float32 (slower on a CPU)", flag="--no-bf16")
@@ -110,16 +120,40 @@ def encode(tokenizer, record: dict, style: str) -> tuple[list[int], int]:
     return p + r + [tokenizer.eos_token_id], len(p)
 
 
-def excluded_keys(path: str | None) -> set:
-    """Puzzle keys never to train on: the official test sets and the puzzles in ``path``."""
+def exclude_files(spec: str | None) -> list[str]:
+    """The files of an ``exclude`` spec: comma-separated paths or glob patterns, each as
+    written or else relative to the checkout (paths.resolve_model), a pattern expanded to
+    its matches in sorted order (written as the pattern was: relative stays relative).
+    A path that does not exist or a pattern that matches nothing is an error: a typo must
+    not silently train on an evaluation set."""
+    from ..paths import CHECKOUT, in_checkout, resolve_model
+    files: list[str] = []
+    for item in (x.strip() for x in (spec or "").split(",")):
+        if not item:
+            continue
+        if glob.has_magic(item):
+            matches = sorted(glob.glob(item))
+            if not matches and in_checkout() and not os.path.isabs(item):
+                matches = sorted(os.path.relpath(m, CHECKOUT) for m in glob.glob(str(CHECKOUT / item)))
+            if not matches:
+                raise SystemExit(f"--exclude {item}: no file matches (python scripts/heldout_set.py "
+                                 "--size N makes data/heldoutN.jsonl)")
+        elif not os.path.exists(resolve_model(item)):
+            raise SystemExit(f"--exclude {item}: no such file (python scripts/heldout_set.py --size N "
+                             "makes data/heldoutN.jsonl)")
+        else:
+            matches = [item]
+        files += [m for m in matches if m not in files]
+    return files
+
+
+def excluded_keys(spec: str | None) -> set:
+    """Puzzle keys never to train on: the official test sets and the puzzles in the files of
+    ``spec`` (exclude_files: one path, as every run before the patterns, or several)."""
+    from ..paths import resolve_model          # as written, else relative to the checkout
     keys = kk.keys_of(kk.load_official())
-    if path:
-        from ..paths import resolve_model      # as written, else relative to the checkout
-        file = resolve_model(path)
-        if not os.path.exists(file):
-            raise SystemExit(f"--exclude {path}: no such file (python scripts/heldout_set.py makes "
-                             "data/heldout3.jsonl)")
-        keys |= kk.keys_of(kk.load_jsonl(file))
+    for file in exclude_files(spec):
+        keys |= kk.keys_of(kk.load_jsonl(resolve_model(file)))
     return keys
 
 
@@ -154,6 +188,8 @@ class LMWarmStart:
 
     def __init__(self, cfg: LMWarmStartConfig, model, tokenizer, resume: dict | None = None, log=print):
         from ..lora import add_lora, load_adapter_state
+        if resume is None:      # the files, not a pattern: --resume must exclude the same ones
+            cfg = replace(cfg, exclude=",".join(exclude_files(cfg.exclude)))
         self.cfg, self.log, self.tokenizer = cfg, log, tokenizer
         self.model = add_lora(model, cfg.lora_rank, seed=cfg.seed)
         if cfg.init and resume is None:
@@ -292,6 +328,7 @@ def main(argv=None) -> int:
         ap.error("--out is required: the adapter folder to write")
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.lora_rank < 1:
         ap.error("--steps, --batch-size and --lora-rank must be >= 1")
+    exclude_files(cfg.exclude)          # a missing file is refused before the model loads
     torch.set_num_threads(cfg.threads or os.cpu_count())
     torch.manual_seed(cfg.seed)
     from ..models import load_model_and_tokenizer
