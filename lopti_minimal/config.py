@@ -238,6 +238,13 @@ class TrainConfig:
     # budget of the default run
     steps: int = option(20, "RL steps (with --resume: extend the run to this many)")
     prompts_per_step: int = option(8, "prompts per RL step")    # reference 64 (for 4 GPUs)
+    # Not in the paper: DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476; verl's DAPO
+    # recipe: filter_groups, max_num_gen_batches = 1 + this): a group of equal rewards has
+    # advantage 0; drop such groups and refill the step from further rounds of fresh prompts
+    # (dynamic_sampling.py)
+    dynamic_sampling: int = option(0, "DAPO's dynamic sampling, a deviation from the paper: drop the "
+                                   "groups whose rewards are all equal and sample up to N further rounds "
+                                   "of prompts-per-step fresh prompts to fill the step (0 = off, the paper)")
     top_p: float = option(1.0, "nucleus sampling (1 = off)")   # reference: no filtering
     top_k: int = option(0, "top-k sampling (0 = off)")
     # Reference 4,096. Never cuts a derivation of the sizes the default trains on: the

@@ -48,6 +48,7 @@ from .models import ModelLoadError, count_parameters, default_device, load_model
     set_gradient_checkpointing
 from .paths import resolve_model, work_root
 from .precision import attention_kernels, check_hardware, master_dtype
+from .reweight import mean_weight
 from .task import dataset, kk, reward
 from .task.behaviours import derive_share
 from .task.evaluate import evaluate_records, read_records, write_eval_json
@@ -60,32 +61,54 @@ ROOT = work_root()
 # Seeds: every random draw of a step derives from (seed, step)
 # =======================================================================================
 
-def step_generator(seed: int, step: int, device="cpu") -> torch.Generator:
+def step_generator(seed: int, step: int, device="cpu", round: int = 0) -> torch.Generator:
     """The sampler's generator for one step. Seeding by (seed, step) rather than carrying
-    one generator through the run is what makes resume exact without saving its state."""
+    one generator through the run is what makes resume exact without saving its state.
+    ``round`` > 0: dynamic sampling's further rounds of the step, each its own stream."""
+    entropy = [seed, step, 1] + ([round] if round else [])      # round 0: the step's only one before
     g = torch.Generator(device=device)
-    g.manual_seed(int(np.random.SeedSequence([seed, step, 1]).generate_state(1)[0]))
+    g.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
     return g
 
 
-def step_prompt_indices(seed: int, step: int, per_step: int, n: int) -> list[int]:
+def step_prompt_indices(seed: int, step: int, per_step: int, n: int, stream: int = 0) -> list[int]:
     """Indices of the step's prompts: consecutive slices of a fresh permutation of the
-    prompt set per epoch (each epoch sees every prompt once), seeded by (seed, epoch)."""
+    prompt set per epoch (each epoch sees every prompt once), seeded by (seed, epoch).
+    ``stream`` 1: dynamic sampling's further rounds, an independent permutation of their own."""
     out = []
     for k in range(step * per_step, (step + 1) * per_step):
         epoch, pos = divmod(k, n)
-        out.append(int(_permutation(seed, epoch, n)[pos]))
+        out.append(int(_permutation(seed, epoch, n, stream)[pos]))
     return out
+
+
+def step_prompts(records: list, prompt_ids: list, cfg: TrainConfig, step: int,
+                 round: int = 0) -> tuple[list, list]:
+    """(records, prompt ids) of a step's sampling round. Round 0: slice ``step`` of the
+    prompt stream, the paper's step, the same prompts with or without dynamic sampling (so
+    its runs pair with the paper's by seed). Round r >= 1 (dynamic sampling only): slice
+    step * N + r - 1 of a second, independent stream (N = cfg.dynamic_sampling), so the
+    rounds draw fresh prompts and a step's prompts still depend only on (seed, step)
+    (dynamic_sampling.py, choice 2)."""
+    if round == 0:
+        idx = step_prompt_indices(cfg.seed, step, cfg.prompts_per_step, len(records))
+    else:
+        idx = step_prompt_indices(cfg.seed, step * cfg.dynamic_sampling + round - 1, cfg.prompts_per_step,
+                                  len(records), stream=1)
+    return [records[i] for i in idx], [prompt_ids[i] for i in idx]
 
 
 _PERM_CACHE: dict = {}
 
 
-def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    key = (seed, epoch, n)
+def _permutation(seed: int, epoch: int, n: int, stream: int = 0) -> np.ndarray:
+    key = (seed, epoch, n, stream)
     if key not in _PERM_CACHE:
-        _PERM_CACHE.clear()                     # only the current epoch is ever needed
-        _PERM_CACHE[key] = np.random.default_rng([seed, epoch, 2]).permutation(n)
+        if len(_PERM_CACHE) >= 4:               # only the current epoch of each stream is needed
+            _PERM_CACHE.clear()
+        # stream 0 is seeded as before dynamic sampling existed: the paper's runs are unchanged
+        entropy = [seed, epoch, 2] + ([stream] if stream else [])
+        _PERM_CACHE[key] = np.random.default_rng(entropy).permutation(n)
     return _PERM_CACHE[key]
 
 
@@ -454,8 +477,14 @@ def step_metrics(cfg: TrainConfig, step: int, sb, stages: tuple, probe, fix, sec
         "kl": kl,
         "clip_frac": sum(s * st["clip_frac"] for s, st in zip(shares, stages)),
         "grad_norm": float(np.mean([st["grad_norm"] for st in stages if st["n_steps"]] or [0.0])),
+        # pi_old < eta: the run's eta for a Lopti method (0.4 Lopti alone), else 0.5
         "low_fraction": low,
-        "zero_adv_groups": float((groups == groups[:, :1]).all(1).float().mean()),
+        **token_shares(cfg, batch, low),
+        # the share of groups whose rewards are all equal (GRPO advantage 0); under dynamic
+        # sampling the share of all the groups its rounds sampled: the share it dropped
+        "zero_adv_groups": (sb.dynamic.uniform_groups / sb.dynamic.sampled_groups if sb.dynamic else
+                            float((groups == groups[:, :1]).all(1).float().mean())),
+        **dynamic_sampling_counts(sb.dynamic),
         "pg_loss": sum(st["pg_loss"] for st in stages),
         # Ratios of the first update: exactly 1 on its first mini-batch (fresh samples).
         "ratio_min": stages[0]["ratio_min"], "ratio_max": stages[0]["ratio_max"],
@@ -475,6 +504,34 @@ def step_metrics(cfg: TrainConfig, step: int, sb, stages: tuple, probe, fix, sec
     }
 
 
+def token_shares(cfg: TrainConfig, batch, low: float) -> dict:
+    """The token metrics of the paper's question, over the valid response tokens (``low``:
+    `low_fraction`'s share): ``pi_old_below_half``, the share with pi_old < 0.5 (AR+Lopti's
+    eta), every method at one threshold; ``stage1_share`` (Lopti), the share Lopti's first
+    stage updates (Algorithm 1: pi_old < eta, = low_fraction; the others under high_first;
+    as many at random under the random split); ``ar_weight`` (AR), the mean of Eq. 4's factor
+    alpha * pi_old + 1 - alpha: by how much AR scales the step's advantages on average."""
+    mask = batch.response_mask
+    out = {"pi_old_below_half": low_fraction(batch.old_logprobs, mask, 0.5)}
+    if cfg.uses_lopti:
+        out["stage1_share"] = low if cfg.lopti_order == "low_first" else 1 - low
+    if cfg.uses_ar:
+        out["ar_weight"] = mean_weight(batch.old_logprobs, mask, cfg.alpha)
+    return out
+
+
+def dynamic_sampling_counts(kept) -> dict:
+    """Dynamic sampling's counts of a step (``kept``: dynamic_sampling.Kept; None: off, no
+    entry): its sampling rounds, the groups kept, and why a step that kept none made no update."""
+    if kept is None:
+        return {}
+    out = {"gen_rounds": kept.gen_rounds, "kept_groups": kept.kept_groups}
+    if not kept.kept_groups:
+        out["no_update"] = (f"dynamic sampling: all {kept.sampled_groups} groups of {kept.gen_rounds} "
+                            "rounds had equal rewards")
+    return out
+
+
 def finite_batch(sb, cfg: TrainConfig) -> bool:
     """Whether the step's batch (``sb``: trainer.make_batch's StepBatch) may update the
     policy: its rewards, advantages (after AR), log pi_old and log pi_ref all finite
@@ -485,9 +542,10 @@ def finite_batch(sb, cfg: TrainConfig) -> bool:
 
 
 def skipped_step_metrics(cfg: TrainConfig, step: int, sb, seconds: float) -> dict:
-    """The metrics line of a step whose batch was not finite under on_nonfinite "skip": its
-    samples as `step_metrics` logs them, an update of no optimizer step, no mechanism
-    measurement, and the "nonfinite" entry that says what was skipped."""
+    """The metrics line of a step that made no update: its batch was not finite under
+    on_nonfinite "skip" (the "nonfinite" entry says what was skipped), or dynamic sampling
+    kept no group ("no_update"). Its samples as `step_metrics` logs them, an update of no
+    optimizer step, no mechanism measurement."""
     probe = Probe(cfg, step)
     return step_metrics(cfg, step, sb, (UpdateMetrics().result(),), probe, None,
                         {"sample": sb.sample_s, "update": 0.0, "step": seconds})
@@ -499,7 +557,9 @@ def summary_line(m: dict, steps: int) -> str:
             f"derive {m.get('derive_share', float('nan')):.2f} | len {m['response_len']:6.1f} | kl {m['kl']:.2e} | clip {m['clip_frac']:.3f} | "
             f"gnorm {m['grad_norm']:.3f} | low {m['low_fraction']:.3f} | "
             f"{m['step_s']:.1f}s (sample {m['sample_s']:.1f}s)"
-            + (f" | skipped: {'; '.join(m['nonfinite'])}" if m.get("nonfinite") else ""))
+            + (f" | kept {m['kept_groups']} groups in {m['gen_rounds']} rounds" if "kept_groups" in m else "")
+            + (f" | skipped: {'; '.join(m['nonfinite'])}" if m.get("nonfinite") else "")
+            + (f" | no update: {m['no_update']}" if m.get("no_update") else ""))
 
 
 # =======================================================================================

@@ -91,6 +91,9 @@ RANGES: dict[str, Range] = {
     "clip_cov_low": Range(-math.inf, ends="()"), "clip_cov_high": Range(-math.inf, ends="()"),
     # --- schedule and data
     "seed": int_range(0), "steps": int_range(1), "prompts_per_step": int_range(1),
+    # each round samples prompts_per_step x G more responses: 32 rounds already multiply a
+    # step's sampling by 33
+    "dynamic_sampling": int_range(0, 32, why="0 = off; extra sampling rounds per step"),
     "top_p": Range(0, 1, "(]", why="1 = off; 0 would keep no token"),
     "top_k": int_range(0, why="0 = off"),
     "max_new_tokens": int_range(1), "max_prompt_len": int_range(1),

@@ -37,3 +37,10 @@ def reweight_advantages(token_advantages: torch.Tensor, old_logprobs: torch.Tens
     if not 0.0 <= alpha <= 1.0:
         raise ValueError("alpha must lie in [0, 1]")
     return reweight_weights(old_logprobs, alpha) * token_advantages
+
+
+def mean_weight(old_logprobs: torch.Tensor, response_mask: torch.Tensor, alpha: float) -> float:
+    """The mean of Eq. 4's factor over the valid tokens (response_mask > 0): by how much AR
+    scales a step's advantages on average, 1 - alpha to 1 (the step's `ar_weight`)."""
+    w = reweight_weights(old_logprobs, alpha) * response_mask
+    return float(w.sum()) / max(float(response_mask.sum()), 1.0)

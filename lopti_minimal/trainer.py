@@ -1,30 +1,33 @@
 """The RL step and the loop: GRPO, AR and Lopti (Yang et al. 2025, arXiv 2505.12929).
 
 `rl_step` reads as the paper, in two seams: `make_batch` samples G responses per prompt from
-pi_old, scores them with the rule-based reward, computes the advantages, pi_old and pi_ref,
-and reweights the advantages (AR, Eq. 4); `update` updates the policy (Lopti's two stages,
-Algorithm 1, or one GRPO update, Eq. 1, with a later method's per-token policy term where the
-method is one). One typed batch (batch.Rollout) carries the step's data from the sampler to
-the update; each quantity is computed once and added to it. `train` is the loop around it.
-What it takes to run them (seeds, data, the run directory, resume, checkpoints, logs,
-evaluation hooks, the step's metrics) is in plumbing.py, which a reader of the method can
-skip; precision.py holds the numerics (bf16 autocast on float32 master weights, the
-optimizer).
+pi_old and scores them with the rule-based reward (`sample_round`), computes the advantages,
+pi_old and pi_ref, and reweights the advantages (AR, Eq. 4); `update` updates the policy
+(Lopti's two stages, Algorithm 1, or one GRPO update, Eq. 1, with a later method's per-token
+policy term where the method is one). One typed batch (batch.Rollout) carries the step's
+data from the sampler to the update; each quantity is computed once and added to it. `train`
+is the loop around it. What it takes to run them (seeds, data, the run directory, resume,
+checkpoints, logs, evaluation hooks, the step's metrics) is in plumbing.py, which a reader of
+the method can skip; precision.py holds the numerics (bf16 autocast on float32 master
+weights, the optimizer).
 
 Design choices (in full: docs/ARCHITECTURE.md):
 
 1. This module only composes the method's modules: prompts (task/, models.kk_prompt),
    rollouts (sampling.py), the Logic-RL reward (task/reward.py), advantages and the update
    (grpo.py), AR (reweight.py), Lopti (lopti.py); the later token-level methods
-   (token_fixes.py) plug into the same update.
+   (token_fixes.py) plug into the same update; DAPO's dynamic sampling
+   (dynamic_sampling.py, off by default) chooses the groups the batch holds.
 2. The lines marked "paper" are the method; the few marked "plumbing" are what running it
-   needs (the length order of the rows, the mechanism's measurements, the metrics).
+   needs (the length order of the rows, the mechanism's measurements, the metrics); those
+   marked "beyond the paper" are an option's, off by default.
 3. The benchmarks (benchmarks/rl_step.py) and the diagnostics (experiments/diagnostics.py)
    call `make_batch`, `reweight` and `update`, so what they measure is this step.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import NamedTuple
 
@@ -33,6 +36,7 @@ import torch
 from . import mechanism, plumbing, precision, token_fixes
 from .batch import Rollout, concat_rollouts, decode_responses
 from .config import TrainConfig, TrainError
+from .dynamic_sampling import Kept, Samples, sample_informative
 from .grpo import (batch_logprobs, grpo_update, group_advantages, reinforce_pp_advantages,
                    sort_by_length, token_advantages)
 from .lopti import lopti_update, split_generator
@@ -67,30 +71,54 @@ def default_reward(text: str, record: dict) -> float:
     return score_response(text, record).total
 
 
+def sample_round(model, tokenizer, records: list[dict], prompt_ids: list[list[int]], cfg: TrainConfig,
+                 generator, reward_fn) -> Samples:
+    """--- paper: sample G responses per prompt from pi_old (GRPO), group-major, and the
+    rule-based reward of every response (Logic-RL, task/reward.py) ---"""
+    t0 = time.perf_counter()
+    batch = rollout(model, tokenizer, prompt_ids, cfg, generator)
+    seconds = time.perf_counter() - t0
+    texts = decode_responses(tokenizer, batch)
+    group_records = [r for r in records for _ in range(cfg.group_size)]
+    rewards = torch.tensor([float(reward_fn(t, r)) for t, r in zip(texts, group_records)])
+    return Samples(batch, rewards, texts, seconds)
+
+
 class StepBatch(NamedTuple):
     """What `make_batch` returns: the update's batch, and what the step logs of its samples."""
     batch: Rollout            # rows sorted by length; pi_old, advantages (after AR), pi_ref
     rewards: torch.Tensor     # [B], group-major (the sampler's row order)
     texts: list[str]          # the responses, group-major
     sample_s: float           # seconds spent sampling
+    dynamic: Kept | None = None     # dynamic sampling's rounds and counts; None when off (the paper)
 
 
 def make_batch(model, ref, tokenizer, records: list[dict], prompt_ids: list[list[int]],
-               cfg: TrainConfig, step: int, reward_fn=None) -> StepBatch:
+               cfg: TrainConfig, step: int, reward_fn=None, more_prompts=None) -> StepBatch:
     """Everything the update trains on, for one step on these prompts (``ref``: the frozen
     pi_ref, None without a KL term; ``reward_fn(text, record)``: the Logic-RL total by
-    default)."""
+    default; ``more_prompts(r)``: the (records, prompt_ids) of sampling round r >= 1, which
+    only dynamic sampling asks for: plumbing.step_prompts, as `train` passes it)."""
     reward_fn = reward_fn or default_reward
     device = next(model.parameters()).device
-    # --- paper: sample G responses per prompt from pi_old (GRPO), group-major ---
-    t0 = time.perf_counter()
-    batch = rollout(model, tokenizer, prompt_ids, cfg, plumbing.step_generator(cfg.seed, step, device))
-    sample_s = time.perf_counter() - t0
 
-    # --- paper: the rule-based reward of every response (Logic-RL, task/reward.py) ---
-    texts = decode_responses(tokenizer, batch)
-    group_records = [r for r in records for _ in range(cfg.group_size)]
-    rewards = torch.tensor([float(reward_fn(t, r)) for t, r in zip(texts, group_records)])
+    def draw(r: int) -> Samples:        # round r of the step; the paper's step is round 0 alone
+        recs, ids = (records, prompt_ids) if r == 0 else more_prompts(r)
+        return sample_round(model, tokenizer, recs, ids, cfg, plumbing.step_generator(cfg.seed, step, device, r),
+                            reward_fn)
+
+    # --- paper: the step's samples and their rewards (`sample_round`) ---
+    kept = None
+    if not cfg.dynamic_sampling:
+        s = draw(0)
+    else:   # beyond the paper: DAPO's dynamic sampling keeps the groups whose rewards differ
+        if more_prompts is None:
+            raise ValueError("dynamic_sampling needs more_prompts, the further rounds' prompts "
+                             "(plumbing.step_prompts; trainer.train passes them)")
+        kept = sample_informative(draw, len(prompt_ids), 1 + cfg.dynamic_sampling, cfg.group_size,
+                                  tokenizer.pad_token_id)
+        s = kept.samples
+    batch, rewards, texts = s.batch, s.rewards, s.texts
 
     # --- paper: the advantage of every token (0 on padding): GRPO's one per response from
     #     its group (paper section 2) spread over its tokens, or REINFORCE++'s per token ---
@@ -113,7 +141,7 @@ def make_batch(model, ref, tokenizer, records: list[dict], prompt_ids: list[list
         # --- paper: log pi_ref for the KL term of Eq. 1, once for the step (both Lopti stages) ---
         if cfg.kl_coef:
             batch = dataclasses.replace(batch, ref_logprobs=batch_logprobs(ref, batch, cfg))
-    return StepBatch(reweight(batch, cfg), rewards, texts, sample_s)
+    return StepBatch(reweight(batch, cfg), rewards, texts, s.seconds, kept)
 
 
 def reweight(batch: Rollout, cfg: TrainConfig) -> Rollout:
@@ -146,15 +174,18 @@ def update(model, optimizer, batch: Rollout, cfg: TrainConfig, step: int, fix=No
 
 
 def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: list[list[int]],
-            cfg: TrainConfig, step: int, reward_fn=None) -> dict:
+            cfg: TrainConfig, step: int, reward_fn=None, more_prompts=None) -> dict:
     """One RL step on the given prompts (``ref``: the frozen pi_ref, None without a KL
-    term). Returns the step's metrics (a flat dict, plumbing.step_metrics)."""
+    term; ``more_prompts``: dynamic sampling's further rounds, `make_batch`). Returns the
+    step's metrics (a flat dict, plumbing.step_metrics)."""
     device = next(model.parameters()).device
     t0 = time.perf_counter()
     # --- paper: the batch: samples, rewards, advantages, pi_old, pi_ref, AR ---
-    sb = make_batch(model, ref, tokenizer, records, prompt_ids, cfg, step, reward_fn)
+    sb = make_batch(model, ref, tokenizer, records, prompt_ids, cfg, step, reward_fn, more_prompts)
     if not plumbing.finite_batch(sb, cfg):    # plumbing: no update on a NaN (precision.py, choice 7)
         return plumbing.skipped_step_metrics(cfg, step, sb, time.perf_counter() - t0)
+    if sb.dynamic is not None and not sb.dynamic.kept_groups:   # beyond the paper: dynamic sampling
+        return plumbing.skipped_step_metrics(cfg, step, sb, time.perf_counter() - t0)  # kept no group
     with precision.autocast(cfg, device):
         fix = policy_term(model, sb.batch, cfg, step)
         probe = mechanism.Probe(cfg, step)      # plumbing: the mechanism before the update
@@ -198,10 +229,11 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     step = start - 1                 # plumbing: the step a NaN's message names (step + 1)
     try:
         for step in range(start, cfg.steps):
-            # --- paper: one RL step on this step's prompts ---
-            idx = plumbing.step_prompt_indices(cfg.seed, step, cfg.prompts_per_step, len(records))
-            m = rl_step(model, ref, optimizer, tokenizer, [records[i] for i in idx],
-                        [prompt_ids[i] for i in idx], cfg, step, reward_fn)
+            # --- paper: one RL step on this step's prompts (beyond the paper: `more`, the
+            #     further rounds' prompts of dynamic sampling) ---
+            recs, ids = plumbing.step_prompts(records, prompt_ids, cfg, step)
+            more = functools.partial(plumbing.step_prompts, records, prompt_ids, cfg, step)
+            m = rl_step(model, ref, optimizer, tokenizer, recs, ids, cfg, step, reward_fn, more)
             run.after_step(m, model, tokenizer, optimizer)     # plumbing: log, evaluate, checkpoint
         return run.finish(model, tokenizer, optimizer)          # plumbing: final policy, evaluation
     except precision.NonFiniteError as e:   # plumbing: a NaN stopped the run (precision.py, choice 7)

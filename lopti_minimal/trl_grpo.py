@@ -99,6 +99,8 @@ NOT_IN_TRL = {
     "lopti_split='random'": "not mapped (a control of the study, not the method): refused",
     "lopti_optimizer='per_stage'": "TRL's Trainer steps one optimizer (and its scheduler) in every "
                                    "pass: the reference's shared state only; refused",
+    "dynamic_sampling > 0": "TRL 1.16's GRPOTrainer trains on every group it generates (no DAPO "
+                            "filter_groups): refused",
     "recompute_old_logprobs": "always on in the subclass (pi_old by a teacher-forced forward)",
     "adv_eps = 1e-6, equal groups -> 0": "LoptiGRPOTrainer(paper_advantages=True)",
     "loss_agg_mode='seq-mean-token-mean'": "not mapped (TRL's 'dapo' is the token-mean)",
@@ -179,6 +181,7 @@ def _check_mappable(cfg: TrainConfig) -> None:
     if cfg.uses_lopti and cfg.lopti_split != "probability":
         raise ValueError("only Lopti's probability split (Algorithm 1) is mapped onto TRL")
     _check_one_optimizer(cfg)
+    _check_no_dynamic_sampling(cfg)
     if not cfg.clip_c > 1.0 + cfg.eps_high:
         raise ValueError("TRL's delta equals the dual clip only if clip_c > 1 + eps_high")
 
@@ -189,6 +192,14 @@ def _check_one_optimizer(cfg: TrainConfig) -> None:
     if cfg.uses_lopti and cfg.lopti_optimizer != "shared":
         raise ValueError("lopti_optimizer='per_stage' is not supported on TRL (its Trainer steps one "
                          "optimizer in both Lopti passes): use lopti_optimizer='shared', or our trainer")
+
+
+def _check_no_dynamic_sampling(cfg: TrainConfig) -> None:
+    """ValueError for DAPO's dynamic sampling (dynamic_sampling.py): TRL's GRPOTrainer trains
+    on every group it generates, and refilling its generation batch is not one of its hooks."""
+    if cfg.dynamic_sampling:
+        raise ValueError("dynamic_sampling is not supported on TRL (its GRPOTrainer trains on every "
+                         "generated group): use dynamic_sampling=0, or our trainer")
 
 
 def _batch_args(cfg: TrainConfig, num_processes: int) -> dict:
@@ -230,6 +241,7 @@ class LoptiGRPOTrainer(GRPOTrainer):
         if cfg.method not in TRL_METHODS:
             raise ValueError(f"method {cfg.method!r} is not in TRL 1.16: choose one of {', '.join(TRL_METHODS)}")
         _check_one_optimizer(cfg)
+        _check_no_dynamic_sampling(cfg)
         self.cfg = cfg
         self.uses_ar, self.uses_lopti = cfg.uses_ar, cfg.uses_lopti
         self.alpha, self.eta, self.lopti_order = cfg.alpha, cfg.eta, cfg.lopti_order

@@ -39,6 +39,7 @@ BAD_TRAIN = [
     (["--cispo-eps-high", "nan"], "cispo-eps-high", "nan"),
     (["--clip-cov-low=-inf"], "clip-cov-low", "-inf"),
     (["--entropy-top-quantile", "1.5"], "entropy-top-quantile", "1.5"),
+    (["--dynamic-sampling", "33"], "dynamic-sampling", "33"), (["--dynamic-sampling", "-1"], "dynamic-sampling", "-1"),
 ]
 
 
@@ -73,7 +74,8 @@ BOUNDARIES = dict(lr=[1.0, 1e-12], top_p=[1.0, 1e-9], top_k=[0, INT_MAX], kl_coe
                   grad_clip=[math.inf, 1e-9], weight_decay=[0.0, 1.0], kl_log_ratio_clamp=[20.0],
                   group_size=[2], seed=[0, INT_MAX], rollout_chunk=[0], lora_rank=[0], save_every=[0],
                   keep_checkpoints=[0], mmap_threshold_mb=[0, 2047], entropy_top_quantile=[0.0, 1.0],
-                  clip_cov_low=[-1e9], kl_cov_coef=[0.0], eval_every=[0], grad_shares_every=[0])
+                  clip_cov_low=[-1e9], kl_cov_coef=[0.0], eval_every=[0], grad_shares_every=[0],
+                  dynamic_sampling=[0, 32])
 
 
 @pytest.mark.parametrize("field, value", [(f, v) for f, vs in BOUNDARIES.items() for v in vs])

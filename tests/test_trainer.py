@@ -188,6 +188,7 @@ def test_rl_step_first_ratio_is_exactly_one_under_bf16_autocast(nano_dir, tmp_pa
     assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0
     assert m["kl"] == 0.0 and m["grad_norm"] > 0
     assert 0 <= m["low_fraction"] <= 1 and m["tokens"] > 0
+    assert m["pi_old_below_half"] == m["low_fraction"] and "ar_weight" not in m    # GRPO: at 0.5
 
 
 def test_gradient_checkpointing_is_on_by_default_and_changes_no_number(nano_dir, tmp_path):
@@ -209,6 +210,46 @@ def test_gradient_checkpointing_is_on_by_default_and_changes_no_number(nano_dir,
         out[ckpt] = strip([m])[0], {k: v.clone() for k, v in model.state_dict().items()}
     assert out[False][0] == out[True][0] and out[True][0]["grad_norm"] > 0
     assert all(torch.equal(out[False][1][k], out[True][1][k]) for k in out[False][1])
+
+
+def test_the_token_metrics_of_the_papers_question_by_hand():
+    """pi_old_below_half (every method, pi_old < 0.5), stage1_share (Lopti: the mean of the
+    first stage's mask) and ar_weight (AR: the mean of Eq. 4's factor) over the valid tokens
+    of a hand-made batch; low_fraction keeps its threshold, the run's eta."""
+    from lopti_minimal.batch import Rollout
+    from lopti_minimal.grpo import UpdateMetrics
+    from lopti_minimal.lopti import split_by_probability
+    from lopti_minimal.mechanism import Probe
+    p = torch.tensor([[0.9, 0.2, 0.6], [0.45, 0.05, 0.3]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])         # 0.3 is padding
+    old = torch.log(p) * mask
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    batch = Rollout(ids, torch.ones(2, 4, dtype=torch.long), ids[:, 1:], mask, 1, old_logprobs=old,
+                    advantages=torch.zeros(2, 3))
+    sb = trainer.StepBatch(batch, torch.tensor([1.0, 1.0, 0.0, 3.0]), ["", "", "", ""], 0.0)
+    valid = [0.9, 0.2, 0.6, 0.45, 0.05]
+
+    def metrics(**kw):
+        cfg = make_config("ci", group_size=2, **kw)
+        stages = (UpdateMetrics().result(),) * (2 if cfg.uses_lopti else 1)
+        return cfg, plumbing.step_metrics(cfg, 0, sb, stages, Probe(cfg, 0), None,
+                                          {"sample": 0.0, "update": 0.0, "step": 0.0})
+
+    cfg, m = metrics(method="ar_lopti")
+    assert m["pi_old_below_half"] == pytest.approx(3 / 5) and m["low_fraction"] == pytest.approx(3 / 5)
+    low, _ = split_by_probability(old, mask, cfg.eta)               # Lopti's first stage (Algorithm 1)
+    assert m["stage1_share"] == pytest.approx(float(low.sum() / mask.sum())) == pytest.approx(3 / 5)
+    assert m["ar_weight"] == pytest.approx(sum(0.3 * x + 0.7 for x in valid) / 5)
+    assert m["zero_adv_groups"] == 0.5 and "gen_rounds" not in m      # dynamic sampling off
+    _, m = metrics(method="lopti")                                  # eta 0.4: 0.2 and 0.05
+    assert (m["low_fraction"], m["stage1_share"], m["pi_old_below_half"]) == pytest.approx((2 / 5, 2 / 5, 3 / 5))
+    assert "ar_weight" not in m
+    _, m = metrics(method="lopti", lopti_order="high_first")        # stage 1 = the high tokens
+    assert m["stage1_share"] == pytest.approx(3 / 5)
+    _, m = metrics(method="ar", alpha=0.2)
+    assert m["ar_weight"] == pytest.approx(sum(0.2 * x + 0.8 for x in valid) / 5) and "stage1_share" not in m
+    _, m = metrics(method="grpo")
+    assert m["pi_old_below_half"] == m["low_fraction"] and not {"stage1_share", "ar_weight"} & set(m)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -238,6 +279,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
 
     assert strip(a["metrics"]) == strip(b["metrics"])
     assert any(m["grad_norm"] > 0 for m in a["metrics"])         # the test is not vacuous
+    assert all({"pi_old_below_half", "stage1_share", "ar_weight"} <= set(m) for m in a["metrics"])
     file_b = [json.loads(l) for l in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert strip(file_b) == strip(a["metrics"])
     from transformers import AutoModelForCausalLM

@@ -32,7 +32,7 @@ from lopti_minimal.batch import Rollout  # noqa: E402
 from lopti_minimal.lopti import lopti_update, split_by_probability  # noqa: E402
 from lopti_minimal.reweight import reweight_advantages  # noqa: E402
 from lopti_minimal.sampling import sample_groups  # noqa: E402
-from lopti_minimal.trl_grpo import LoptiGRPOTrainer, make_trl_config, trl_grpo_args  # noqa: E402
+from lopti_minimal.trl_grpo import NOT_IN_TRL, LoptiGRPOTrainer, make_trl_config, trl_grpo_args  # noqa: E402
 
 G = 4
 TEMPERATURE = 0.7
@@ -553,3 +553,14 @@ def test_per_stage_optimizers_are_refused_in_one_line():
         assert "\n" not in str(e.value)
     assert trl_grpo_args(T.make_config("ci", method="lopti"), "/tmp/x")["num_iterations"] == 2
     assert trl_grpo_args(T.make_config("ci", method="grpo", lopti_optimizer="per_stage"), "/tmp/x")
+
+
+def test_dynamic_sampling_is_refused_in_one_line():
+    """DAPO's dynamic sampling (dynamic_sampling.py) has no TRL 1.16 counterpart: its
+    GRPOTrainer trains on every group it generates. The mapping and the subclass refuse it."""
+    cfg = T.make_config("ci", method="ar_lopti", dynamic_sampling=2)
+    for build in (lambda: trl_grpo_args(cfg, "/tmp/x"), lambda: LoptiGRPOTrainer(cfg=cfg)):
+        with pytest.raises(ValueError, match="dynamic_sampling is not supported on TRL") as e:
+            build()
+        assert "\n" not in str(e.value)
+    assert "dynamic_sampling > 0" in NOT_IN_TRL
