@@ -440,6 +440,18 @@ PRESETS: dict[str, dict] = {
     "qwen2.5-3b": dict(_REF, model="Qwen/Qwen2.5-3B-Instruct", micro_batch_size=1, rollout_chunk=2,
                        eval_batch_size=16, dtype="bfloat16", optimizer="adamw8bit"),
 }
+# smollm2-kk on 4-person puzzles: on 3 people the start is at 0.850 and most groups of
+# 8 had equal rewards (results/smollm2-kk-396/), so RL had little to learn from. Budget
+# 1,024 new tokens: the faithful compact trace of a 4-person puzzle is longer than that
+# for 0.3% of puzzles (384: 46%, 768: 3.7%; `python scripts/target_lengths.py
+# data/heldout4.jsonl --budgets 384 768 1024`; 0.1% of the RL set train.py builds), so a
+# cut-off (reward -3) almost never punishes a faithful trace. The longest 4-person prompt
+# in SmolLM2's chat template is 298 tokens (data/heldout4.jsonl; 289 in the RL set, 286
+# in the official set): 512 drops none. Evaluated on the official 4-person set at the
+# same 1,024. Steps as smollm2-kk; a step at 4 people samples and trains longer
+# responses, and its time is what the runs measure (metrics.jsonl step_s).
+PRESETS["smollm2-kk4"] = dict(PRESETS["smollm2-kk"], max_new_tokens=1024, rl_sizes=(4,), eval_sizes=(4,),
+                              eval_max_new_tokens={4: 1024})
 # The GPU memory (GB) each GPU preset is sized for (benchmarks/memory_table.py checks the
 # estimate against it).
 GPU_MEMORY_GB = {"qwen2.5-0.5b": 24, "qwen2.5-1.5b": 24, "qwen2.5-3b": 40}

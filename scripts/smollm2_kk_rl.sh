@@ -1,68 +1,141 @@
 #!/usr/bin/env bash
-# RL on a real pretrained LM, from scratch: SmolLM2-135M-Instruct from its supervised LoRA
-# warm start (checkpoints/smollm2-kk-sft-compact), `--preset smollm2-kk` at each seed, and,
-# per seed, the same start trained supervised for the RL run's wall time (the control that tells RL's
-# gain from more supervised training). Every policy is evaluated greedily on the 400
-# held-out 3-person puzzles (each response kept, so differences pair by puzzle) and on the
-# official 3-person set. About 2.3 hours per seed on a 2-core CPU (an hour of RL steps, an
-# hour of supervised steps, 20 minutes of evaluations).
+# RL on a real pretrained LM, from scratch: SmolLM2-135M-Instruct from a supervised LoRA
+# warm start, one RL run per seed and method on SIZE-person puzzles, and, per seed, the same
+# start trained supervised for the wall time of that seed's first RL run (the control that
+# tells RL's gain from more supervised training). Every policy is evaluated greedily on the
+# 400 held-out SIZE-person puzzles of data/heldout<SIZE>.jsonl (each response kept, so
+# differences pair by puzzle), on 3 people too when SIZE is not 3 (what training on larger
+# puzzles costs on the ones the start was best at), and on the official SIZE-person set.
+# SIZE=3 with the defaults is the script as it ran for results/smollm2-kk-compact and
+# results/smollm2-kk-rl: about 2.3 hours per seed on a 2-core CPU (an hour of RL steps, an
+# hour of supervised steps, 20 minutes of evaluations). At 4 people the responses are longer
+# (budget 1,024 tokens); how long a step takes is what metrics.jsonl records, not assumed here.
 #
 # Rerun after an interruption: what is finished is skipped, an RL run resumes from its last
 # checkpoint (every 10 steps), the control from its saved state (every 25 steps).
-# Usage: bash scripts/smollm2_kk_rl.sh [OUT]  (default results/smollm2-kk-compact; the weights
-# stay under runs/). SEEDS="0 1" and THREADS=2 by default; START=ADAPTER_FOLDER runs the same
-# from another supervised start (lm_warmstart --out) into its own OUT: results/smollm2-kk-rl
-# is START=checkpoints/smollm2-kk-sft's. RL_ARGS adds options to train.py: the preset's lr,
-# prompts a step and steps were 2e-4, 2 and 30 for results/smollm2-kk-rl and
-# results/smollm2-kk-compact (RL_ARGS="--lr 2e-4 --prompts-per-step 2 --steps 30" reruns them).
-# Needs scripts/fetch_smollm2.py first.
+# Usage: bash scripts/smollm2_kk_rl.sh [OUT]   (the weights stay under runs/; needs
+# scripts/fetch_smollm2.py first). Settings, by environment variable:
+#   SIZE     people per RL and held-out puzzle: 3 (default) or 4; another size needs PRESET
+#            and BUDGET given.
+#   PRESET   train.py's preset: smollm2-kk for SIZE=3, smollm2-kk4 for SIZE=4.
+#   METHODS  train.py --method, one RL run each: "grpo ar_lopti" for SIZE=4 (the paper's
+#            comparison, paired by seed). Otherwise ar_lopti by default: the
+#            presets set no method, so train.py's default, the paper's AR+Lopti, is what
+#            every committed rl-s<S> run trained with; each method takes its own paper
+#            settings in train.py (config.METHODS: AR alpha 0.2, Lopti eta 0.4, AR+Lopti
+#            alpha 0.3 and eta 0.5, GRPO neither).
+#   SEEDS    "0 1" by default. THREADS: 2.
+#   START    the supervised adapter folder (lm_warmstart --out) RL and the control start from:
+#            checkpoints/smollm2-kk-sft-compact for SIZE=3 (results/smollm2-kk-rl is
+#            START=checkpoints/smollm2-kk-sft's), the shipped checkpoints/smollm2-kk-sft-compact-396
+#            (the preset's model) otherwise.
+#   RL_ARGS  more train.py options: the preset's lr, prompts a step and steps were 2e-4, 2
+#            and 30 for results/smollm2-kk-rl and results/smollm2-kk-compact
+#            (RL_ARGS="--lr 2e-4 --prompts-per-step 2 --steps 30" reruns them).
+#   BUDGET   new tokens of the evaluations on SIZE people: 512 for 3 (above every faithful
+#            3-person trace: the longest is 486 tokens, scripts/target_lengths.py), 1,024
+#            for 4 (the preset's RL budget: 0.3% of faithful traces are longer). The
+#            3-person evaluations of a larger SIZE keep 512, so they compare with the
+#            start's and results/smollm2-kk-*.
+# The control's steps are the RL run's summed step time over the start's own seconds per
+# supervised step (its warmstart.json: targets of at most 384 tokens, 2-4 people). At 4
+# people the control trains on targets up to 1,024 tokens, whose steps take longer, so it
+# gets more wall time than its RL run: the summary's training minutes say by how much.
+# OUT defaults to results/smollm2-kk-compact for SIZE=3 and results/smollm2-kk<SIZE> otherwise.
+# Its folders: start/, rl-<method>-s<S>/ (rl-s<S> for SIZE=3's ar_lopti, the name the
+# committed runs have), sft-s<S>/; then scripts/smollm2_kk_summary.py writes OUT/summary.md.
 set -euo pipefail
-OUT=${1:-results/smollm2-kk-compact}
+SIZE=${SIZE:-3}
+case $SIZE in
+  3) PRESET=${PRESET:-smollm2-kk}; BUDGET=${BUDGET:-512}
+     START=${START:-checkpoints/smollm2-kk-sft-compact}; OUT=${1:-results/smollm2-kk-compact} ;;
+  4) PRESET=${PRESET:-smollm2-kk4}; BUDGET=${BUDGET:-1024}
+     START=${START:-checkpoints/smollm2-kk-sft-compact-396}; OUT=${1:-results/smollm2-kk4}
+     METHODS=${METHODS:-grpo ar_lopti} ;;
+  *) if [ -z "${PRESET:-}" ] || [ -z "${BUDGET:-}" ]; then
+       echo "error: SIZE=$SIZE has no default preset or budget: give PRESET and BUDGET (SIZE 3 and 4 have them)" >&2
+       exit 2
+     fi
+     START=${START:-checkpoints/smollm2-kk-sft-compact-396}; OUT=${1:-results/smollm2-kk$SIZE} ;;
+esac
+if [ ! -f "data/heldout$SIZE.jsonl" ]; then
+  echo "error: data/heldout$SIZE.jsonl not found (python scripts/heldout_set.py --size $SIZE makes it)" >&2
+  exit 2
+fi
+METHODS=${METHODS:-ar_lopti}
 SEEDS=${SEEDS:-0 1}
 THREADS=${THREADS:-2}
-START=${START:-checkpoints/smollm2-kk-sft-compact}
-heldout() {   # MODEL FOLDER: greedy, 400 held-out puzzles, the responses saved
-  [ -f "$2/eval_heldout3.json" ] || python eval.py --model "$1" --data data/heldout3.jsonl \
-    --max-new-tokens 512 --threads "$THREADS" --save-responses --no-progress --out "$2/eval_heldout3.json"
+
+heldout() {   # MODEL FOLDER N TOKENS: greedy, the 400 held-out N-person puzzles, the responses saved
+  [ -f "$2/eval_heldout$3.json" ] || python eval.py --model "$1" --data "data/heldout$3.jsonl" \
+    --max-new-tokens "$4" --threads "$THREADS" --save-responses --no-progress --out "$2/eval_heldout$3.json"
 }
-official() {  # MODEL FOLDER: greedy, the 100 official 3-person puzzles
-  [ -f "$2/eval_official3.json" ] || python eval.py --model "$1" --sizes 3 --max-new-tokens 512 \
-    --threads "$THREADS" --no-progress --out "$2/eval_official3.json"
+evaluate() {  # MODEL FOLDER: the held-out SIZE-person set, and the 3-person one at 512 (forgetting)
+  heldout "$1" "$2" "$SIZE" "$BUDGET"
+  [ "$SIZE" = 3 ] || heldout "$1" "$2" 3 512
 }
+official() {  # MODEL FOLDER: greedy, the 100 official SIZE-person puzzles
+  [ -f "$2/eval_official$SIZE.json" ] || python eval.py --model "$1" --sizes "$SIZE" --max-new-tokens "$BUDGET" \
+    --threads "$THREADS" --no-progress --out "$2/eval_official$SIZE.json"
+}
+name() {      # METHOD SEED: a run's folder name after rl- (and runs/<OUT>-)
+  if [ "$SIZE" = 3 ] && [ "$1" = ar_lopti ]; then echo "s$2"; else echo "$1-s$2"; fi
+}
+# train.py's official evaluation of the start before any step (eval_before.json): for SIZE=3
+# as it always ran; otherwise start/eval_official<SIZE>.json is the same greedy evaluation
+# of the same policy, not worth repeating per run at 1,024 tokens.
+before=(); [ "$SIZE" = 3 ] && before=(--eval-before)
+# The control's puzzles: for SIZE=3 lm_warmstart's default mix (2-4 people, the start's own,
+# as every committed control); otherwise the RL run's size, so the control trains on what
+# RL trains on.
+sizes=(); [ "$SIZE" = 3 ] || sizes=(--sizes "$SIZE")
+
 mkdir -p "$OUT/start"
-heldout "$START" "$OUT/start"
+evaluate "$START" "$OUT/start"
 official "$START" "$OUT/start"
 for s in $SEEDS; do
-  run=runs/$(basename "$OUT")-s$s
-  if [ ! -f "$run/summary.json" ]; then
-    if compgen -G "$run/ckpt-*" > /dev/null; then
-      python train.py --resume "$run" --no-progress
-    else
-      rm -rf "$run"
-      # shellcheck disable=SC2086  # RL_ARGS: several options, split on purpose
-      python train.py --preset smollm2-kk --model "$START" --seed "$s" --eval-before --threads "$THREADS" \
-        --run-dir "$run" --no-progress ${RL_ARGS:-}
+  first=""
+  for m in $METHODS; do
+    run=runs/$(basename "$OUT")-$(name "$m" "$s")
+    first=${first:-$run}
+    if [ ! -f "$run/summary.json" ]; then
+      if compgen -G "$run/ckpt-*" > /dev/null; then
+        python train.py --resume "$run" --no-progress
+      else
+        rm -rf "$run"
+        # shellcheck disable=SC2086  # RL_ARGS: several options, split on purpose
+        python train.py --preset "$PRESET" --method "$m" --model "$START" --seed "$s" ${before[@]+"${before[@]}"} \
+          --threads "$THREADS" --run-dir "$run" --no-progress ${RL_ARGS:-}
+      fi
     fi
-  fi
-  mkdir -p "$OUT/rl-s$s"
-  cp "$run"/{run.json,metrics.jsonl,summary.json,eval_before.json,eval_final.json,training.png} "$OUT/rl-s$s/"
-  heldout "$run/final" "$OUT/rl-s$s"
+    folder=$OUT/rl-$(name "$m" "$s")
+    mkdir -p "$folder"
+    cp "$run"/{run.json,metrics.jsonl,summary.json,eval_final.json,training.png} "$folder/"
+    [ ! -f "$run/eval_before.json" ] || cp "$run/eval_before.json" "$folder/"
+    evaluate "$run/final" "$folder"
+  done
 
   sft=runs/$(basename "$OUT")-sft-s$s
   if [ ! -f "$sft/warmstart.json" ]; then
     if [ -d "$sft.resume" ]; then
       python -m lopti_minimal.experiments.lm_warmstart --resume "$sft" --threads "$THREADS" --no-progress
     else
-      n=$(python scripts/smollm2_kk_summary.py --control-steps "$run" "$START")
+      # The wall time of this seed's first RL run, in the start's own seconds per supervised
+      # step (smollm2_kk_summary.py, design choice 2)
+      n=$(python scripts/smollm2_kk_summary.py --control-steps "$first" "$START")
+      # Targets up to the RL run's sampling budget (384 for smollm2-kk, lm_warmstart's
+      # default; 1,024 for smollm2-kk4), so the control can learn the long traces RL samples
+      budget=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["max_new_tokens"])' \
+        "$first/run.json")
       # seed s + 1: puzzles other than the start's own (it was trained at seed 0)
       # (--init continues the start's own chain-of-thought style)
       python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) \
-        --out "$sft" --threads "$THREADS" --no-progress
+        --max-response-tokens "$budget" ${sizes[@]+"${sizes[@]}"} --out "$sft" --threads "$THREADS" --no-progress
     fi
   fi
   mkdir -p "$OUT/sft-s$s"
   cp "$sft/warmstart.json" "$OUT/sft-s$s/"
-  heldout "$sft" "$OUT/sft-s$s"
+  evaluate "$sft" "$OUT/sft-s$s"
   official "$sft" "$OUT/sft-s$s"
 done
-python scripts/smollm2_kk_summary.py "$OUT"
+python scripts/smollm2_kk_summary.py "$OUT" --size "$SIZE"

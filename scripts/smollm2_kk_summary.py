@@ -1,19 +1,19 @@
 """RL on SmolLM2-135M-Instruct against its start and against more supervised training: the
-table and figure of ``scripts/smollm2_kk_rl.sh``'s folder (docs/TASK_AND_MODELS.md).
+tables and figure of ``scripts/smollm2_kk_rl.sh``'s folder (docs/TASK_AND_MODELS.md).
 
     python scripts/smollm2_kk_summary.py OUT                 # OUT/summary.md, OUT/smollm2-kk-rl.png
     python scripts/smollm2_kk_summary.py OUT1 OUT2 --figure PNG     # each OUT's, and one figure of all
     python scripts/smollm2_kk_summary.py --control-steps RUN START   # prints N (below)
 
-OUT holds ``start/`` (the start's evaluations), ``rl-s<S>/`` (an RL run's files: metrics.jsonl,
-eval_before.json, eval_final.json, and eval_heldout3.json of its final policy) and
-``sft-s<S>/`` (the supervised control's warmstart.json and evaluations); ``pilot-*/`` (any
-other policy's evaluations, e.g. an interrupted RL run's checkpoint) get a row too.
+OUT holds ``start/`` (the start's evaluations), ``rl-*/`` (an RL run's files: run.json,
+metrics.jsonl, eval_final.json, and eval_heldout<N>.json of its final policy) and ``sft-*/``
+(the supervised control's warmstart.json and evaluations); ``pilot-*/`` (any other policy's
+evaluations, e.g. an interrupted RL run's checkpoint) get a row too.
 
 Design choices:
 
-1. **Paired by puzzle.** Every policy is evaluated greedily on the same 400 held-out 3-person
-   puzzles (``data/heldout3.jsonl``, eval.py ``--save-responses``), so a difference of two
+1. **Paired by puzzle.** Every policy is evaluated greedily on the same 400 held-out N-person
+   puzzles (``data/heldout<N>.jsonl``, eval.py ``--save-responses``), so a difference of two
    accuracies is the mean of per-puzzle differences (each -1, 0 or +1) with its 95% t
    interval (experiments.stats.paired_diff, the puzzles in place of seeds). It measures the
    change of *this* policy on *these* puzzles; the seeds say how much a run varies. Beside
@@ -32,11 +32,23 @@ Design choices:
    official 3-person set. So each policy's row also gives the share of its greedy answers
    that are its commonest assignment, and its accuracy on the puzzles whose solution is
    *not* the set's commonest (where "all knights" on heldout3 scores 0).
+5. **One table per held-out size, the trained size first.** The sizes are those of the
+   eval_heldout<N>.json files in OUT's folders; the trained size is ``--size``, else the RL
+   runs' own (run.json rl_sizes), else the largest. After RL on 4 people the 3-person table
+   says what the larger puzzles cost on the ones the start was best at. A folder evaluated on
+   3 people alone gets the one table it always had, with no heading.
+6. **What each RL run's tokens looked like**: a last table, per run, the means over its
+   steps of the metrics the paper's question is about (metrics.jsonl, plumbing.step_metrics):
+   the groups of equal rewards (no GRPO advantage, Eq. 1), the sampled tokens with pi_old <
+   0.5, AR's mean factor alpha * pi_old + 1 - alpha (Eq. 4), the share Lopti's first stage
+   updates (Algorithm 1), and under dynamic sampling its kept groups and sampling rounds a
+   step. "–" where a run did not log one (its method does not use it, or it predates it).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -47,8 +59,22 @@ from lopti_minimal.plots import moving_average  # noqa: E402
 from lopti_minimal.task.kk import load_jsonl  # noqa: E402
 from lopti_minimal.task.reward import score_response  # noqa: E402
 
-HELDOUT = "eval_heldout3.json"
-HELDOUT_SET = "data/heldout3.jsonl"
+HELDOUT_SET = "data/heldout{n}.jsonl"        # {n}: the puzzles' size
+POLICIES = ("rl-*", "sft-*", "pilot-*")      # OUT's folders after start/, in this order
+# metrics.jsonl keys of design choice 6 and their columns, in order
+TOKEN_METRICS = {"zero_adv_groups": "groups of equal rewards", "pi_old_below_half": "tokens with pi_old < 0.5",
+                 "ar_weight": "AR factor (Eq. 4)", "stage1_share": "Lopti stage 1 (Algorithm 1)",
+                 "kept_groups": "kept groups (dynamic sampling)", "gen_rounds": "sampling rounds"}
+ABSENT = "–"
+
+
+class SummaryError(Exception):
+    """What is wrong with OUT or an option, in one line."""
+
+
+def heldout_file(n: int) -> str:
+    """A policy's evaluation on the held-out n-person puzzles (scripts/smollm2_kk_rl.sh)."""
+    return f"eval_heldout{n}.json"
 
 
 def control_steps(run_dir, start_dir) -> int:
@@ -59,9 +85,9 @@ def control_steps(run_dir, start_dir) -> int:
     return max(1, round(rl_seconds / per_step))
 
 
-def correct_by_puzzle(folder) -> dict[int, float] | None:
+def correct_by_puzzle(folder, size: int = 3) -> dict[int, float] | None:
     """{puzzle index: 1.0 if the greedy response was right} from eval.py's saved responses."""
-    path = Path(folder) / HELDOUT.replace(".json", ".responses.jsonl")
+    path = Path(folder) / heldout_file(size).replace(".json", ".responses.jsonl")
     if not path.exists():
         return None
     return {int(r["index"]): float(bool(r["correct"])) for r in load_jsonl(path)}
@@ -72,12 +98,12 @@ def assignment(record: dict) -> tuple:
     return tuple(bool(x) for x in record["solution"])
 
 
-def answer_prior(folder, puzzles: dict[int, dict]) -> dict | None:
+def answer_prior(folder, puzzles: dict[int, dict], size: int = 3) -> dict | None:
     """Design choice 4, from a policy's saved greedy responses: ``same_answer`` = the share
     of its responses that give its commonest role assignment (unparsed ones count as
     distinct), ``rest`` = its accuracy on the puzzles whose solution is not the set's
     commonest, and ``rest_n`` = how many those are."""
-    path = Path(folder) / HELDOUT.replace(".json", ".responses.jsonl")
+    path = Path(folder) / heldout_file(size).replace(".json", ".responses.jsonl")
     if not path.exists():
         return None
     commonest, _ = commonest_solution(puzzles)
@@ -115,28 +141,105 @@ def _overall(folder, name: str) -> dict | None:
     return json.loads(path.read_text())["overall"] if path.exists() else None
 
 
-def rows(out, heldout_set=HELDOUT_SET) -> list[dict]:
-    """One row per policy: the start, each RL run, each supervised control, and each
-    ``pilot-*`` folder (a shorter run's evaluation, such as an unfinished run's checkpoint)."""
+def official_accuracy(folder, size: int) -> float | None:
+    """Greedy accuracy on the official size-person set: an RL run's final evaluation
+    (train.py, eval_final.json) or eval.py's (eval_official<size>.json), per size."""
+    for name in ("eval_final.json", f"eval_official{size}.json"):
+        path = Path(folder) / name
+        if path.exists():
+            per_size = json.loads(path.read_text()).get("per_size", {})
+            if str(size) in per_size:
+                return per_size[str(size)]["accuracy"]
+    return None
+
+
+def policy_folders(out) -> list[tuple[str, Path]]:
+    """(name, folder) of the start and every policy folder (POLICIES), in the table's order."""
     out = Path(out)
-    puzzles = {int(p["index"]): p for p in load_jsonl(heldout_set)}
-    start = correct_by_puzzle(out / "start")
-    found = [("start", out / "start")] + [(p.name, p) for pattern in ("rl-s*", "sft-s*", "pilot-*")
-                                          for p in sorted(out.glob(pattern))]
+    return [("start", out / "start")] + [(p.name, p) for pattern in POLICIES
+                                         for p in sorted(out.glob(pattern)) if p.is_dir()]
+
+
+def run_config(folder) -> dict | None:
+    """An RL run's saved config (run.json's "config"), if the folder has it."""
+    path = Path(folder) / "run.json"
+    return json.loads(path.read_text())["config"] if path.exists() else None
+
+
+def heldout_sizes(out, size: int | None = None) -> list[int]:
+    """Design choice 5: the held-out sizes OUT's policies were evaluated on, the trained size
+    first (``size``, else the RL runs' own rl_sizes where one size, else the largest)."""
+    folders = [f for _, f in policy_folders(out)]
+    found = {int(m.group(1)) for f in folders if f.is_dir() for p in f.iterdir()
+             if (m := re.fullmatch(r"eval_heldout(\d+)\.json", p.name))}
+    if not found:
+        raise SummaryError(f"{out}: no eval_heldout<N>.json in start/ or a policy folder "
+                           "(scripts/smollm2_kk_rl.sh writes them)")
+    trained = size
+    if trained is None:
+        own = [c["rl_sizes"][0] for f in folders if (c := run_config(f)) and len(c.get("rl_sizes") or ()) == 1]
+        trained = next((n for n in own if n in found), max(found))
+    if trained not in found:
+        raise SummaryError(f"{out}: no policy was evaluated on held-out {trained}-person puzzles "
+                           f"(no {heldout_file(trained)})")
+    return [trained] + sorted(found - {trained})
+
+
+def heldout_set(pattern: str, size: int) -> str:
+    """The held-out set of ``size`` people: ``pattern`` with {n} replaced (a path without {n}
+    is the one set, for a folder evaluated on one size)."""
+    path = pattern.format(n=size) if "{n}" in pattern else pattern
+    if not Path(path).exists():
+        raise SummaryError(f"{path}: no such held-out set (python scripts/heldout_set.py --size {size} makes it)")
+    return path
+
+
+def token_means(metrics: list[dict], cfg: dict | None = None) -> dict:
+    """Design choice 6: each TOKEN_METRICS key's mean over the steps that logged it (None:
+    no step did). Runs from before those keys logged `low_fraction`, the share of tokens
+    with pi_old below the run's threshold (eta for a Lopti method, else 0.5): where that
+    threshold is 0.5 it is `pi_old_below_half`, and for a Lopti method in the paper's order
+    (low first) it is `stage1_share`; read so, with ``cfg`` the run's config."""
+    out = {}
+    for key in TOKEN_METRICS:
+        values = [v for v in (_logged(m, key, cfg or {}) for m in metrics) if v is not None]
+        out[key] = sum(values) / len(values) if values else None
+    return out
+
+
+def _logged(m: dict, key: str, cfg: dict):
+    """A step's value of ``key``, or the `low_fraction` it equals in an older run (token_means)."""
+    if m.get(key) is not None or m.get("low_fraction") is None:
+        return m.get(key)
+    lopti = cfg.get("method") in ("lopti", "ar_lopti")
+    if key == "pi_old_below_half" and cfg.get("method") and (not lopti or cfg.get("eta") == 0.5):
+        return m["low_fraction"]
+    if key == "stage1_share" and lopti and cfg.get("lopti_order", "low_first") == "low_first":
+        return m["low_fraction"]
+    return None
+
+
+def rows(out, heldout_set=None, size: int = 3) -> list[dict]:
+    """One row per policy on the held-out ``size``-person set: the start, each RL run, each
+    supervised control, and each ``pilot-*`` folder (a shorter run's evaluation, such as an
+    unfinished run's checkpoint)."""
+    out = Path(out)
+    puzzles = {int(p["index"]): p for p in load_jsonl(heldout_set or HELDOUT_SET.format(n=size))}
+    start = correct_by_puzzle(out / "start", size)
     table = []
-    for name, folder in found:
-        held, mine = _overall(folder, HELDOUT), correct_by_puzzle(folder)
-        official = _overall(folder, "eval_final.json") or _overall(folder, "eval_official3.json")
+    for name, folder in policy_folders(out):
+        held, mine = _overall(folder, heldout_file(size)), correct_by_puzzle(folder, size)
         row = {"name": name, "heldout": held and held["accuracy"], "format_error": held and held["format_error"],
-               "n": len(mine) if mine else None,
-               "official": official and official["accuracy"], "vs_start": None,
-               "prior": answer_prior(folder, puzzles), "minutes": training_minutes(folder)}
+               "n": len(mine) if mine else None, "size": size,
+               "official": official_accuracy(folder, size), "vs_start": None,
+               "prior": answer_prior(folder, puzzles, size), "minutes": training_minutes(folder)}
         if name != "start" and mine and start:
             row["vs_start"] = paired_diff(mine, start)
             row["lost"] = sum(1 for i, c in mine.items() if start.get(i) and not c)
             row["gained"] = sum(1 for i, c in mine.items() if c and i in start and not start[i])
         if (folder / "metrics.jsonl").exists():
             row["metrics"] = load_jsonl(folder / "metrics.jsonl")
+            row["config"] = run_config(folder)
         table.append(row)
     return table
 
@@ -145,10 +248,10 @@ def _f(v) -> str:
     return "" if v is None else f"{v:.3f}"
 
 
-def markdown(table: list[dict]) -> str:
+def markdown(table: list[dict], size: int = 3) -> str:
     lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] (puzzles lost, gained) | "
              "format errors | same answer | held-out, solution not the commonest | "
-             "official 3-person (100) | training minutes | RL steps | mean reward: first 5 -> last 5 steps |",
+             f"official {size}-person (100) | training minutes | RL steps | mean reward: first 5 -> last 5 steps |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         d = r["vs_start"]
@@ -166,8 +269,48 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _method(cfg: dict | None) -> str:
+    """An RL run's method with the knobs it uses (config.METHODS), from its run.json."""
+    if not cfg:
+        return ABSENT
+    knobs = [f"{k} {cfg[k]:g}" for k in ("alpha", "eta") if cfg.get(k) is not None]
+    return cfg["method"] + (f" ({', '.join(knobs)})" if knobs else "")
+
+
+def token_markdown(table: list[dict]) -> str:
+    """Design choice 6: per RL run (each row with metrics.jsonl), its method and the means
+    over its steps of TOKEN_METRICS; "" when no row has metrics."""
+    runs = [r for r in table if r.get("metrics")]
+    if not runs:
+        return ""
+    lines = ["Per RL run, means over its steps (metrics.jsonl; " + ABSENT + ": not logged by this run):", "",
+             "| RL run | method | RL steps | " + " | ".join(TOKEN_METRICS.values()) + " |",
+             "|---|---|---|" + "---|" * len(TOKEN_METRICS)]
+    for r in runs:
+        means = token_means(r["metrics"], r.get("config"))
+        cells = [ABSENT if v is None else f"{v:.2f}" if k in ("kept_groups", "gen_rounds")
+                 else f"{v:.4f}" if k in ("pi_old_below_half", "stage1_share") else f"{v:.3f}"
+                 for k, v in means.items()]
+        lines.append(f"| {r['name']} | {_method(r.get('config'))} | {len(r['metrics'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_text(tables: dict[int, list[dict]], sets: dict[int, str], puzzles: dict[int, dict]) -> str:
+    """summary.md: one paired table per held-out size (design choice 5), each with its
+    constant-answer bound, then the RL runs' token table (design choice 6)."""
+    headed = list(tables) != [3]
+    parts = []
+    for k, (n, table) in enumerate(tables.items()):
+        head = (f"**Held-out {n}-person puzzles** ({sets[n]}{', the trained size' if k == 0 else ''}):\n\n"
+                if headed else "")
+        parts.append(head + markdown(table, n) + f"\nA constant answer scores at most "
+                     f"{commonest_solution(puzzles[n])[1]:.3f} on the held-out set (its commonest solution's share).\n")
+    tokens = token_markdown(next(iter(tables.values())))
+    return "\n".join(parts + ([tokens] if tokens else []))
+
+
 def _colour(name: str) -> str:
-    """The start gray, RL (``rl-s*``, ``pilot-rl-*``) red, supervised training blue."""
+    """The start gray, RL (``rl-*``, ``pilot-rl-*``) red, supervised training blue."""
     return "gray" if name == "start" else "tab:red" if name.startswith(("rl-", "pilot-rl-")) else "tab:blue"
 
 
@@ -196,7 +339,8 @@ def figure(table: list[dict], path) -> str:
     labels = [r.get("label", r["name"]) + ("" if r.get("minutes") is None else f" ({r['minutes']:.0f} min)")
               for r in have]
     b.set_yticks(list(y), labels, fontsize="small")
-    b.set(xlabel="greedy accuracy", xlim=(0, 1), title="400 held-out 3-person puzzles")
+    sizes = sorted({r.get("size", 3) for r in have})
+    b.set(xlabel="greedy accuracy", xlim=(0, 1), title=f"400 held-out {' and '.join(map(str, sizes))}-person puzzles")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -206,7 +350,11 @@ def figure(table: list[dict], path) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="*", help="the folder(s) scripts/smollm2_kk_rl.sh writes")
-    ap.add_argument("--heldout", default=HELDOUT_SET, help="the held-out set the policies were evaluated on")
+    ap.add_argument("--heldout", default=HELDOUT_SET,
+                    help="the held-out set of each size, {n} the size (a path without {n}: the one set of "
+                         "a folder evaluated on one size)")
+    ap.add_argument("--size", type=int, help="the trained size, whose table comes first and is drawn "
+                    "(default: the RL runs' rl_sizes, else the largest size evaluated)")
     ap.add_argument("--figure", metavar="PNG", help="also one figure of every OUT's rows (each named OUT: policy)")
     ap.add_argument("--control-steps", nargs=2, metavar=("RUN", "START"),
                     help="print the supervised steps matching RUN's RL wall time")
@@ -216,15 +364,23 @@ def main(argv=None) -> int:
         return 0
     if not a.out:
         ap.error("give OUT or --control-steps")
-    puzzles = {int(p["index"]): p for p in load_jsonl(a.heldout)}
-    every = []
-    for out in a.out:
-        table = rows(out, a.heldout)
-        text = markdown(table) + (f"\nA constant answer scores at most {commonest_solution(puzzles)[1]:.3f} on the "
-                                  f"held-out set (its commonest solution's share).\n")
-        (Path(out) / "summary.md").write_text(text)
-        print(text + figure(table, Path(out) / "smollm2-kk-rl.png"))
-        every += [dict(r, label=f"{Path(out).name}: {r['name']}") for r in table]
+    try:
+        every = []
+        for out in a.out:
+            sizes = heldout_sizes(out, a.size)
+            if len(sizes) > 1 and "{n}" not in a.heldout:
+                raise SummaryError(f"{out} has evaluations on {' and '.join(map(str, sizes))} people: "
+                                   "give --heldout a path with {n} for the size")
+            sets = {n: heldout_set(a.heldout, n) for n in sizes}
+            puzzles = {n: {int(p["index"]): p for p in load_jsonl(path)} for n, path in sets.items()}
+            tables = {n: rows(out, sets[n], n) for n in sizes}
+            text = summary_text(tables, sets, puzzles)
+            (Path(out) / "summary.md").write_text(text)
+            print(text + figure(tables[sizes[0]], Path(out) / "smollm2-kk-rl.png"))
+            every += [dict(r, label=f"{Path(out).name}: {r['name']}") for r in tables[sizes[0]]]
+    except SummaryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if a.figure:
         print(figure(every, a.figure))
     return 0
