@@ -10,7 +10,9 @@
 #   3. what an RL run would sample (scripts/headroom.py): accuracy at T 0.7 in groups of 8,
 #      the share of groups whose rewards differ (the only ones GRPO learns from), lengths
 #      and cut-offs, and the share of sampled tokens below pi_old 0.5 (what AR and Lopti act
-#      on), on the first LIMIT puzzles in the order an RL run on the file would draw them.
+#      on), on the first LIMIT puzzles in the order an RL run on the file would draw them;
+#   4. the same at T 1.0 on 4 people (LIMIT / 2 puzzles): the model's own distribution, where
+#      a start trained on one trace per puzzle may still leave its tokens more uncertain.
 # Every step is skipped when its output exists, and headroom.py resumes within a file, so
 # a rerun after an interruption goes on where it stopped.
 # Usage: bash scripts/smollm2_headroom.sh [OUT]   (default results/smollm2-headroom)
@@ -35,3 +37,6 @@ for n in 4 5; do
   python scripts/headroom.py --preset smollm2-kk --model "$START" --data "data/heldout$n.jsonl" --order run \
     --limit "$LIMIT" --max-new-tokens "$BUDGET" --threads "$THREADS" --no-progress --out "$OUT/sampled$n.json"
 done
+python scripts/headroom.py --preset smollm2-kk --model "$START" --data data/heldout4.jsonl --order run \
+  --limit $((LIMIT / 2)) --temperature 1.0 --max-new-tokens "$BUDGET" --threads "$THREADS" --no-progress \
+  --out "$OUT/sampled4-t1.json"
