@@ -72,9 +72,32 @@ def build_config(a):
     from lopti_minimal.config import make_config, overrides
     from lopti_minimal.plumbing import resume_config
     if a.resume:
-        return resume_config(a.resume, steps=a.steps, progress=a.progress is not False,
-                             on_nonfinite=a.on_nonfinite)
+        cfg = resume_config(a.resume, steps=a.steps, progress=a.progress is not False,
+                            on_nonfinite=a.on_nonfinite, threads=a.threads)
+        refuse_changes_on_resume(cfg, overrides(a))
+        return cfg
     return make_config(a.preset, **overrides(a))
+
+
+# What --resume may set: the run's length and how it runs here, none of which changes a step.
+RESUME_MAY_SET = {"steps", "progress", "on_nonfinite", "threads", "run_dir"}
+
+
+def refuse_changes_on_resume(cfg, given: dict) -> None:
+    """--resume continues the run as it was saved (exactly: plumbing.py, choice 1); an option
+    that would change it (another lr, budget, method ...) is refused in one line, never
+    silently ignored. An option equal to the saved value is fine (scripts repeat theirs)."""
+    import json
+    from lopti_minimal.config import TrainError
+
+    def same(x, y) -> bool:
+        return json.dumps(x, sort_keys=True, default=str) == json.dumps(y, sort_keys=True, default=str)
+
+    changed = [k for k, v in given.items() if k not in RESUME_MAY_SET and not same(v, getattr(cfg, k))]
+    if changed:
+        opts = ", ".join(f"--{k.replace('_', '-')} {given[k]} (saved: {getattr(cfg, k)})" for k in changed)
+        raise TrainError(f"--resume continues {cfg.run_dir} as it was saved; {opts} would change it: "
+                         "start a new run (--run-dir) to change it")
 
 
 def ensure_model(cfg, a) -> None:

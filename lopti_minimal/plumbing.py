@@ -177,10 +177,13 @@ def read_run_config(path) -> TrainConfig:
 
 
 def resume_config(run_dir, steps: int | None = None, progress: bool | None = None,
-                  on_nonfinite: str | None = None) -> TrainConfig:
-    """The saved config of a run, to continue it; ``steps`` may extend a finished run, and
-    ``on_nonfinite`` may change what a NaN does from here on (it changes no good step)."""
+                  on_nonfinite: str | None = None, threads: int | None = None) -> TrainConfig:
+    """The saved config of a run, to continue it; ``steps`` may extend a finished run,
+    ``on_nonfinite`` may change what a NaN does from here on (it changes no good step), and
+    ``threads`` fits the machine it resumes on (bf16 sums may then differ in the last bits)."""
     cfg = read_run_config(run_dir)
+    if threads:
+        cfg.threads = threads
     cfg.run_dir = str(run_dir)
     if steps:
         cfg.steps = steps

@@ -143,3 +143,16 @@ def test_options_come_from_the_config_fields():
     assert set(with_help) <= set(vars(train_cli.parse_args([])))
     cfg = make_config("ci", **overrides(train_cli.parse_args(["--method", "lopti"])))
     assert (cfg.steps, cfg.eta, cfg.alpha) == (2, 0.4, None)     # the preset's steps, the paper's eta
+
+
+def test_resume_refuses_an_option_that_would_change_the_run(tmp_path, capsys, nano_dir):
+    """--resume continues a run as saved: another lr is refused in one line, not ignored;
+    the saved value repeated, --steps and --threads are fine (checked before any step)."""
+    from lopti_minimal.config import TrainError, make_config
+    cfg = make_config("ci", model=nano_dir, run_dir=str(tmp_path / "run"), lr=1e-4)
+    train_cli.refuse_changes_on_resume(cfg, {"lr": 1e-4, "steps": 9, "threads": 1, "rl_sizes": (3,)})
+    with pytest.raises(TrainError) as e:
+        train_cli.refuse_changes_on_resume(cfg, {"lr": 2e-4, "method": cfg.method, "group_size": 8})
+    msg = str(e.value)
+    assert "--lr 0.0002 (saved: 0.0001)" in msg and "--group-size 8 (saved: 4)" in msg
+    assert "--method" not in msg and len(msg.splitlines()) == 1
