@@ -1,4 +1,4 @@
-"""Print the GPU memory table of docs/GPU.md: plumbing.memory_estimate_gb for each Qwen2.5 preset
+"""Print the GPU memory table of docs/GPU.md: gpu_memory.memory_estimate_gb for each Qwen2.5 preset
 under its precision policy (precision.py), against the GPU it is sized for.
 
 An estimate from model size (no GPU needed): the trained weights and their gradients
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lopti_minimal.config import GPU_MEMORY_GB, make_config  # noqa: E402
 from lopti_minimal.lora import adapter_parameters  # noqa: E402
 from lopti_minimal.models import QWEN2_SHAPES  # noqa: E402
-from lopti_minimal.plumbing import memory_estimate_gb  # noqa: E402
+from lopti_minimal.gpu_memory import memory_estimate_gb  # noqa: E402
 
 QWEN = {  # preset: (parameters, layers, kv heads, head dim)
     "qwen2.5-0.5b": (494e6, 24, 2, 64),
@@ -32,7 +32,7 @@ LORA = (("qwen2.5-3b", 16, 24),)
 
 
 def estimate(name: str, c, lora_rank: int = 0) -> dict:
-    """plumbing.memory_estimate_gb of preset ``name`` (config ``c``) at its own sizes."""
+    """gpu_memory.memory_estimate_gb of preset ``name`` (config ``c``) at its own sizes."""
     n, layers, kv, hd = QWEN[name]
     lora = adapter_parameters(SimpleNamespace(**QWEN2_SHAPES[name]), lora_rank) if lora_rank else 0
     return memory_estimate_gb(n, layers, kv, hd, 151_936, rows=c.rollout_chunk * c.group_size,

@@ -422,7 +422,7 @@ PRESETS: dict[str, dict] = {
                        rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=100,
                        eval_max_new_tokens={3: 512}, eval_batch_size=50),
     # One GPU, gradient checkpointing, the reference hyperparameters (GPU_MEMORY_GB: the
-    # GPU each is sized for). What bounds memory (plumbing.memory_estimate_gb, docs/GPU.md table):
+    # GPU each is sized for). What bounds memory (gpu_memory.memory_estimate_gb, docs/GPU.md table):
     # the KV cache of a rollout (64 x 8 responses of 4.5k tokens at once would need 40-85 GB,
     # hence rollout_chunk prompts per sampling call), the float32 [rows, 4096, 151,936]
     # logits of a micro-batch (~5 GB per response with their gradient, hence

@@ -30,7 +30,7 @@ Design choices:
    step, so in step 1 neither the sampling nor the backward holds it yet: the peak of
    every later step is projected from step 1 as max(sample + state, update + state,
    optimizer), state = what step 1 left allocated; a second step measures it (and checks
-   the projection). The estimate (plumbing.memory_estimate_gb) is computed for the rows
+   the projection). The estimate (gpu_memory.memory_estimate_gb) is computed for the rows
    and the sequence length this check ran (one rollout chunk; its prompt length plus the
    token budget), so the measured peak checks the estimator, which gives the preset's own
    figure ("estimate_preset_gb").
@@ -240,7 +240,7 @@ def run(a, write=lambda r: None) -> dict:
     r.update(memory_summary(r["steps"]) if cuda else {"peak_gb": None})
     # The estimate for what ran (one rollout chunk; its prompt length plus the budget) ...
     from lopti_minimal.lora import adapter_parameters
-    from lopti_minimal.plumbing import memory_estimate_gb
+    from lopti_minimal.gpu_memory import memory_estimate_gb
     lora = adapter_parameters(c, cfg.lora_rank) if cfg.lora_rank else 0
 
     def estimate(rows, prompt, new):

@@ -44,7 +44,7 @@ is launch-bound, and the first step of torchao's 8-bit AdamW compiles its kernel
 
 Short sequences: a random model never samples EOS, so every response runs to the budget,
 and 4,096 new tokens would take 7-9 minutes to decode. Each check's estimate is computed
-for the sequence it ran, so the measured peaks check plumbing.memory_estimate_gb, which
+for the sequence it ran, so the measured peaks check gpu_memory.memory_estimate_gb, which
 gives the 4,096-token figures.
 """
 from __future__ import annotations

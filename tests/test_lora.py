@@ -146,7 +146,7 @@ def test_adapter_parameters_count_what_peft_trains():
     counts gradients and optimizer state for those alone, in float32."""
     from transformers import AutoTokenizer
     from conftest import ROOT
-    from lopti_minimal import models, plumbing
+    from lopti_minimal import gpu_memory, models
     from lopti_minimal.lora import adapter_parameters
     tok = models.chatml_tokenizer(AutoTokenizer.from_pretrained(ROOT / "checkpoints" / "tiny-warm"))
     for base in (tiny_llama(), models.random_qwen2(tok, "scaled-down")):
@@ -155,9 +155,9 @@ def test_adapter_parameters_count_what_peft_trains():
             trained = sum(p.numel() for p in m.parameters() if p.requires_grad)
             assert adapter_parameters(base.config, rank) == trained, (type(base).__name__, rank)
             assert all(p.dtype == torch.float32 for p in m.parameters() if p.requires_grad)
-    full = plumbing.memory_estimate_gb(3e9, 36, 2, 128, 151936, 16, 4500, 1, optimizer="adamw8bit",
+    full = gpu_memory.memory_estimate_gb(3e9, 36, 2, 128, 151936, 16, 4500, 1, optimizer="adamw8bit",
                                        weights="bfloat16", new_tokens=4096)
-    lora = plumbing.memory_estimate_gb(3e9, 36, 2, 128, 151936, 16, 4500, 1, optimizer="adamw8bit",
+    lora = gpu_memory.memory_estimate_gb(3e9, 36, 2, 128, 151936, 16, 4500, 1, optimizer="adamw8bit",
                                        weights="bfloat16", new_tokens=4096, lora_params=30e6)
     assert lora["grads"] == pytest.approx(4 * 30e6 / 1e9) and lora["optimizer"] == pytest.approx(2 * 30e6 / 1e9)
     assert lora["weights"] == pytest.approx(full["weights"] + 4 * 30e6 / 1e9)

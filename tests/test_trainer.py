@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, load_script
-from lopti_minimal import config, decode, models, plumbing, precision, runs, trainer
+from lopti_minimal import config, decode, gpu_memory, models, plumbing, precision, runs, trainer
 from lopti_minimal.config import TrainError, make_config
 from lopti_minimal.runs import config_from_json, config_to_json
 
@@ -395,15 +395,15 @@ def test_unreadable_rl_data_is_a_train_error(tmp_path):
 
 def test_memory_estimate_follows_the_precision_policy():
     # 0.5B with float32 master weights and AdamW: 4 + 4 + 8 B/param, a bf16 reference.
-    small = plumbing.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1)
+    small = gpu_memory.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1)
     assert (small["weights"], small["grads"], small["optimizer"], small["reference"]) == (2.0, 2.0, 4.0, 1.0)
     # 8-bit AdamW over bf16 weights: 2 B/param of state; the same model, less memory.
-    low = plumbing.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, optimizer="adamw8bit",
+    low = gpu_memory.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, optimizer="adamw8bit",
                                       weights="bfloat16")
     assert (low["weights"], low["optimizer"]) == (1.0, 1.0) and low["peak"] < small["peak"]
     # The update's logits cover the response's positions only (token_logprobs asks for
     # new_tokens + 1): without new_tokens, all of seq (the upper bound).
-    resp = plumbing.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, new_tokens=4096)
+    resp = gpu_memory.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, new_tokens=4096)
     assert resp["logits"] == pytest.approx(2 * 4097 * 151936 * 4 / 1e9) and small["logits"] > resp["logits"]
     assert resp["kv_cache"] == small["kv_cache"]                 # the KV cache holds the prompt too
     # Every GPU preset fits the GPU it is sized for (benchmarks/memory_table.py's rows).
