@@ -77,6 +77,11 @@ def heldout_file(n: int) -> str:
     return f"eval_heldout{n}.json"
 
 
+def responses_file(n: int) -> str:
+    """Its responses, one per puzzle (eval.py --save-responses beside heldout_file(n))."""
+    return heldout_file(n).replace(".json", ".responses.jsonl")
+
+
 def control_steps(run_dir, start_dir) -> int:
     """Supervised steps that take as long as the RL run's steps took (design choice 2)."""
     rl_seconds = training_minutes(run_dir) * 60
@@ -87,7 +92,7 @@ def control_steps(run_dir, start_dir) -> int:
 
 def correct_by_puzzle(folder, size: int = 3) -> dict[int, float] | None:
     """{puzzle index: 1.0 if the greedy response was right} from eval.py's saved responses."""
-    path = Path(folder) / heldout_file(size).replace(".json", ".responses.jsonl")
+    path = Path(folder) / responses_file(size)
     if not path.exists():
         return None
     return {int(r["index"]): float(bool(r["correct"])) for r in load_jsonl(path)}
@@ -103,7 +108,7 @@ def answer_prior(folder, puzzles: dict[int, dict], size: int = 3) -> dict | None
     of its responses that give its commonest role assignment (unparsed ones count as
     distinct), ``rest`` = its accuracy on the puzzles whose solution is not the set's
     commonest, and ``rest_n`` = how many those are."""
-    path = Path(folder) / heldout_file(size).replace(".json", ".responses.jsonl")
+    path = Path(folder) / responses_file(size)
     if not path.exists():
         return None
     commonest, _ = commonest_solution(puzzles)
