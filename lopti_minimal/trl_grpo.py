@@ -33,6 +33,13 @@ Design choices, in order of importance:
    `epsilon_high` = 1 + cispo_eps_high (TRL clips the weight at epsilon_high itself, with
    no lower bound). Clip-Cov and KL-Cov are not in TRL 1.16. Where TRL's definitions
    differ from ours (the entropy selection's scope): NOT_IN_TRL, docs/GPU.md.
+10. A non-finite number never updates or saves the weights (precision.py, choice 7, as our
+   trainer's on_nonfinite "stop"): the rewards, advantages and log pi_old of a generation
+   batch, each micro-step's loss and each optimizer step's gradient norm are checked, and
+   the first that is not finite raises NonFiniteError before the optimizer steps on it;
+   `save_model` (final folder and checkpoints alike) refuses non-finite weights. HF's
+   Trainer on its own only filters a NaN loss out of its logs and steps on. "skip" is
+   refused: the Trainer's loop has no hook that leaves out one optimizer step.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ from trl.trainer.grpo_trainer import disable_gradient_checkpointing
 from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 
+from . import precision
 from .config import PAPER_METHODS, TrainConfig
 from .grpo import group_advantages, token_advantages
 from .lopti import split_by_probability
@@ -101,6 +109,8 @@ NOT_IN_TRL = {
                                    "pass: the reference's shared state only; refused",
     "dynamic_sampling > 0": "TRL 1.16's GRPOTrainer trains on every group it generates (no DAPO "
                             "filter_groups): refused",
+    "on_nonfinite='skip'": "the subclass stops on a non-finite value and never saves non-finite "
+                           "weights (choice 10); skipping one optimizer step: refused",
     "recompute_old_logprobs": "always on in the subclass (pi_old by a teacher-forced forward)",
     "adv_eps = 1e-6, equal groups -> 0": "LoptiGRPOTrainer(paper_advantages=True)",
     "loss_agg_mode='seq-mean-token-mean'": "not mapped (TRL's 'dapo' is the token-mean)",
@@ -182,6 +192,7 @@ def _check_mappable(cfg: TrainConfig) -> None:
         raise ValueError("only Lopti's probability split (Algorithm 1) is mapped onto TRL")
     _check_one_optimizer(cfg)
     _check_no_dynamic_sampling(cfg)
+    _check_stop_on_nonfinite(cfg)
     if not cfg.clip_c > 1.0 + cfg.eps_high:
         raise ValueError("TRL's delta equals the dual clip only if clip_c > 1 + eps_high")
 
@@ -200,6 +211,14 @@ def _check_no_dynamic_sampling(cfg: TrainConfig) -> None:
     if cfg.dynamic_sampling:
         raise ValueError("dynamic_sampling is not supported on TRL (its GRPOTrainer trains on every "
                          "generated group): use dynamic_sampling=0, or our trainer")
+
+
+def _check_stop_on_nonfinite(cfg: TrainConfig) -> None:
+    """ValueError for on_nonfinite "skip" (choice 10): HF's Trainer clips and steps in one
+    loop body, with no hook that leaves one optimizer step out."""
+    if cfg.on_nonfinite != "stop":
+        raise ValueError("on_nonfinite='skip' is not supported on TRL (its Trainer cannot leave out "
+                         "one optimizer step): use on_nonfinite='stop', or our trainer")
 
 
 def _batch_args(cfg: TrainConfig, num_processes: int) -> dict:
@@ -242,6 +261,7 @@ class LoptiGRPOTrainer(GRPOTrainer):
             raise ValueError(f"method {cfg.method!r} is not in TRL 1.16: choose one of {', '.join(TRL_METHODS)}")
         _check_one_optimizer(cfg)
         _check_no_dynamic_sampling(cfg)
+        _check_stop_on_nonfinite(cfg)
         self.cfg = cfg
         self.uses_ar, self.uses_lopti = cfg.uses_ar, cfg.uses_lopti
         self.alpha, self.eta, self.lopti_order = cfg.alpha, cfg.eta, cfg.lopti_order
@@ -291,7 +311,7 @@ class LoptiGRPOTrainer(GRPOTrainer):
                     self.model, input_ids, attention_mask, out["completion_ids"].size(1),
                     batch_size=self.args.per_device_train_batch_size)
             out["old_per_token_logps"] = old
-        adv = out["advantages"]
+        adv, r = out["advantages"], None
         if self.paper_advantages:
             rpf = self._last_rewards_per_func
             if torch.isnan(rpf).all(dim=1).any():
@@ -305,8 +325,43 @@ class LoptiGRPOTrainer(GRPOTrainer):
         if self.uses_ar:
             # [B] -> [B, T], 0 on padding (and on tool tokens), as our trainer's
             adv = reweight_advantages(token_advantages(adv, mask), out["old_per_token_logps"], self.alpha)
+        self._stop_if_nonfinite({"reward": r, "advantage": adv,
+                                 "log pi_old": out["old_per_token_logps"][mask.bool()]})
         out["advantages"] = adv
         return out
+
+    # ------------------------------------------------------- non-finite values (choice 10)
+
+    def _stop_if_nonfinite(self, values: dict) -> None:
+        """precision.finite_values under on_nonfinite "stop": NonFiniteError, one line that
+        says at which TRL optimizer step the run stopped, before that step's update."""
+        try:
+            precision.finite_values(values, self.cfg)
+        except precision.NonFiniteError as e:
+            e.resume = (f"the run stopped before TRL's optimizer step {self.state.global_step + 1}; "
+                        "nothing of it was saved")
+            raise
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """TRL's micro-step (forward and backward), then its loss checked (choice 10)."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._stop_if_nonfinite({"loss": loss})
+        return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The Trainer's gradient norm (after clipping, before ``optimizer.step()``), checked:
+        a NaN loss can leave the gradient finite and the reverse (choice 10)."""
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        self._stop_if_nonfinite({"gradient norm": torch.as_tensor(grad_norm, dtype=torch.float32)})
+        return grad_norm
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        """The Trainer's save (final folder and checkpoints), refused for non-finite weights,
+        as runs.save_hf_atomic refuses them in our trainer (choice 10)."""
+        bad = precision.nonfinite_weights(self.model)
+        if bad:
+            raise precision.NonFiniteError("policy's weights", bad, action=f"nothing was saved to {output_dir}")
+        return super().save_model(output_dir, _internal_call)
 
     # ------------------------------------------------------------------------ Lopti stages
 

@@ -26,6 +26,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 from lopti_minimal import config as T  # noqa: E402
+from lopti_minimal import precision  # noqa: E402
 from lopti_minimal.grpo import (batch_logprobs, group_advantages, grpo_update,  # noqa: E402
                                 token_advantages)
 from lopti_minimal.batch import Rollout  # noqa: E402
@@ -564,3 +565,73 @@ def test_dynamic_sampling_is_refused_in_one_line():
             build()
         assert "\n" not in str(e.value)
     assert "dynamic_sampling > 0" in NOT_IN_TRL
+
+
+# --------------------------------------------------------------- non-finite values (choice 10)
+
+
+def _stopped_run(setting, tmp_path, method, breaks):
+    """A TRL run whose ``breaks(trainer)`` puts a non-finite value in; returns the error and
+    whether any weight moved or any optimizer step was taken."""
+    box = {}
+
+    def patch(trainer):
+        breaks(trainer)
+        box["trainer"], box["p0"] = trainer, flat(trainer.model)
+    with pytest.raises(precision.NonFiniteError) as e:
+        run_trl(setting, method, tmp=str(tmp_path), patch=patch)
+    t = box["trainer"]
+    moved = not torch.equal(flat(t.model), box["p0"])
+    return str(e.value), moved, t.state.global_step
+
+
+@pytest.mark.parametrize("method", ["grpo", "ar_lopti"])
+def test_nonfinite_reward_loss_or_gradient_stops_before_the_update(setting, tmp_path, method):
+    """HF's Trainer by itself only filters a NaN loss out of its logs and steps on it. The
+    subclass stops (precision.py's choice 7; trl_grpo.py, choice 10) on an infinite reward,
+    a NaN loss or an infinite gradient, in one line, before the optimizer steps on it."""
+    def inf_reward(trainer):
+        fn = trainer.reward_funcs[0]
+
+        def bad(completions, completion_ids, **kw):
+            out = fn(completions, completion_ids, **kw)
+            return [float("inf")] + out[1:]
+        bad.__name__ = fn.__name__
+        trainer.reward_funcs[0] = bad
+
+    def nan_loss(trainer):
+        orig = trainer._compute_loss
+        trainer._compute_loss = lambda model, inputs: orig(model, inputs) * float("nan")
+
+    def inf_gradient(trainer):
+        p = next(trainer.model.parameters())
+        p.register_hook(lambda g: g * float("inf"))
+
+    for breaks, what in ((inf_reward, "the reward was not finite (inf in 1 of 12)"),
+                         (nan_loss, "the loss was not finite (nan"),
+                         (inf_gradient, "the gradient norm was not finite (")):
+        text, moved, steps = _stopped_run(setting, tmp_path, method, breaks)
+        assert what in text and "before TRL's optimizer step 1" in text and "\n" not in text, text
+        assert not moved and steps == 0
+
+
+def test_save_model_refuses_nonfinite_weights(setting, tmp_path):
+    """The subclass's save_model (the final folder and every checkpoint) writes nothing for
+    a policy with a NaN weight (choice 10); tests/test_trl_multiprocess.py saves a finite one."""
+    import types
+    model = LlamaForCausalLM.from_pretrained(setting["dir"], dtype=torch.float32)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    out = tmp_path / "final"
+    with pytest.raises(precision.NonFiniteError, match="nothing was saved"):
+        LoptiGRPOTrainer.save_model(types.SimpleNamespace(model=model), str(out))
+    assert not out.exists()
+
+
+def test_skipping_nonfinite_steps_is_refused_in_one_line():
+    """on_nonfinite "skip" has no place in HF's training loop: refused before anything is built."""
+    cfg = T.make_config("ci", method="grpo", on_nonfinite="skip")
+    for build in (lambda: trl_grpo_args(cfg, "/tmp/x"), lambda: LoptiGRPOTrainer(cfg=cfg)):
+        with pytest.raises(ValueError, match="on_nonfinite='skip' is not supported on TRL") as e:
+            build()
+        assert "\n" not in str(e.value)
