@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lopti_minimal.config import GPU_MEMORY_GB, make_config  # noqa: E402
 from lopti_minimal.lora import adapter_parameters  # noqa: E402
 from lopti_minimal.models import QWEN2_SHAPES  # noqa: E402
-from lopti_minimal.gpu_memory import memory_estimate_gb  # noqa: E402
+from lopti_minimal.gpu_memory import memory_estimate_gb, optimizer_states  # noqa: E402
 
 QWEN = {  # preset: (parameters, layers, kv heads, head dim)
     "qwen2.5-0.5b": (494e6, 24, 2, 64),
@@ -38,7 +38,8 @@ def estimate(name: str, c, lora_rank: int = 0) -> dict:
     return memory_estimate_gb(n, layers, kv, hd, 151_936, rows=c.rollout_chunk * c.group_size,
                               seq=c.max_prompt_len + c.max_new_tokens, micro_batch=c.micro_batch_size,
                               optimizer=c.optimizer, weights=c.dtype, ref=c.ref_dtype,
-                              new_tokens=c.max_new_tokens, lora_params=lora)
+                              new_tokens=c.max_new_tokens, lora_params=lora,
+                              optimizer_states=optimizer_states(c))
 
 
 def rows():

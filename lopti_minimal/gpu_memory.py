@@ -10,7 +10,7 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def memory_estimate_gb(n_params: float, layers: int, kv_heads: int, head_dim: int, vocab: int,
                        rows: int, seq: int, micro_batch: int, optimizer: str = "adamw",
                        weights: str = "float32", ref: str = "bfloat16", new_tokens: int | None = None,
-                       lora_params: float = 0) -> dict:
+                       lora_params: float = 0, optimizer_states: int = 1) -> dict:
     """Rough GPU memory of one training step in GB (1e9 bytes) under a precision policy
     (precision.py): trained weights and their gradients in ``weights`` (4 B/param for
     float32 master weights, 2 for bf16); optimizer state: AdamW's two moments in the
@@ -28,7 +28,11 @@ def memory_estimate_gb(n_params: float, layers: int, kv_heads: int, head_dim: in
     LoRA (``lora_params`` > 0, lora.adapter_parameters): the ``n_params`` base weights are
     frozen (no gradient, no optimizer state) and the adapters train in float32 (peft keeps
     them float32 beside bf16 weights): "weights" holds both, "grads" and "optimizer" the
-    adapters' only; the reference stays a full copy (lora.py)."""
+    adapters' only; the reference stays a full copy (lora.py).
+
+    ``optimizer_states``: how many optimizer states the trained weights have; 2 for Lopti
+    with one optimizer per stage (lopti_optimizer="per_stage", lopti.py's choice 8), whose
+    second state lives for the whole run beside the first."""
     gb = 1e9
     w = BYTES["float32" if weights == "auto" else weights]
     state = {"adamw": 2 * w, "adamw8bit": 2, "adafactor": 0.05}
@@ -40,7 +44,8 @@ def memory_estimate_gb(n_params: float, layers: int, kv_heads: int, head_dim: in
     else:
         trained, tw, base, opt_bytes = n_params, w, w * n_params, state[optimizer]
     out = {
-        "weights": base / gb, "grads": tw * trained / gb, "optimizer": opt_bytes * trained / gb,
+        "weights": base / gb, "grads": tw * trained / gb,
+        "optimizer": optimizer_states * opt_bytes * trained / gb,
         "reference": BYTES[weights if ref == "same" else ref] * n_params / gb,
         "kv_cache": rows * seq * layers * 2 * kv_heads * head_dim * 2 / gb,
         "logits": 2 * micro_batch * positions * vocab * 4 / gb,
@@ -48,3 +53,9 @@ def memory_estimate_gb(n_params: float, layers: int, kv_heads: int, head_dim: in
     base = out["weights"] + out["optimizer"] + out["reference"]
     out["peak"] = max(base + out["kv_cache"], base + out["grads"] + out["logits"])
     return out
+
+
+def optimizer_states(cfg) -> int:
+    """The ``optimizer_states`` of a TrainConfig: 2 for Lopti with one optimizer per stage
+    (lopti.py's choice 8), else 1."""
+    return 2 if cfg.uses_lopti and cfg.lopti_optimizer == "per_stage" else 1

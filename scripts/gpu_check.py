@@ -240,14 +240,14 @@ def run(a, write=lambda r: None) -> dict:
     r.update(memory_summary(r["steps"]) if cuda else {"peak_gb": None})
     # The estimate for what ran (one rollout chunk; its prompt length plus the budget) ...
     from lopti_minimal.lora import adapter_parameters
-    from lopti_minimal.gpu_memory import memory_estimate_gb
+    from lopti_minimal.gpu_memory import memory_estimate_gb, optimizer_states
     lora = adapter_parameters(c, cfg.lora_rank) if cfg.lora_rank else 0
 
     def estimate(rows, prompt, new):
         e = memory_estimate_gb(arch["params"], arch["layers"], arch["kv_heads"], arch["head_dim"],
                                arch["vocab"], rows=rows, seq=prompt + new, micro_batch=cfg.micro_batch_size,
                                optimizer=cfg.optimizer, weights=cfg.dtype, ref=cfg.ref_dtype,
-                               new_tokens=new, lora_params=lora)
+                               new_tokens=new, lora_params=lora, optimizer_states=optimizer_states(cfg))
         base = e["weights"] + e["optimizer"] + e["reference"]
         return {**e, "sample": base + e["kv_cache"], "update": base + e["grads"] + e["logits"]}
     r["estimate_gb"] = estimate(r["rollout_rows"], sampled.get("prompt_len", cfg.max_prompt_len),

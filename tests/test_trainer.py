@@ -406,6 +406,12 @@ def test_memory_estimate_follows_the_precision_policy():
     resp = gpu_memory.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, new_tokens=4096)
     assert resp["logits"] == pytest.approx(2 * 4097 * 151936 * 4 / 1e9) and small["logits"] > resp["logits"]
     assert resp["kv_cache"] == small["kv_cache"]                 # the KV cache holds the prompt too
+    # Lopti with one optimizer per stage (lopti.py, choice 8) keeps a second AdamW state.
+    two = gpu_memory.memory_estimate_gb(0.5e9, 24, 2, 64, 151936, 16, 4500, 1, optimizer_states=2)
+    assert two["optimizer"] == 8.0 and two["peak"] == pytest.approx(small["peak"] + 4.0)
+    per_stage = config.make_config("ci", method="lopti", lopti_optimizer="per_stage")
+    assert [gpu_memory.optimizer_states(c) for c in (per_stage, config.make_config("ci", method="lopti"),
+                                                     config.make_config("ci", method="grpo"))] == [2, 1, 1]
     # Every GPU preset fits the GPU it is sized for (benchmarks/memory_table.py's rows).
     mt = load_script("benchmarks/memory_table.py")
     for name, cfg, m in mt.rows():
