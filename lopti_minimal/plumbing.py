@@ -259,6 +259,7 @@ class Run:
             self.restore(model, optimizer, path, state)
             self.checkpoint = None                # its optimizer state is in the optimizer now
             self.log(f"[resume] {path} (step {self.start_step})")
+        runs.record_session(run_dir, self.start_step)
         for name in ("metrics.jsonl", "evals.jsonl"):
             runs.truncate_jsonl(run_dir / name, self.start_step)
         return self.start_step

@@ -285,6 +285,19 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
     os.replace(tmp, path)
 
 
+def record_session(run_dir, step: int) -> None:
+    """A resumed run appends its session to run.json["resumed"] (from ``step``, when, the
+    code and the machine), so that a run continued on another CPU, torch or thread count
+    says so: the study pairs runs by machine (experiments/grid.py, choice 4)."""
+    path = Path(run_dir) / "run.json"
+    saved = json.loads(path.read_text())
+    saved.setdefault("resumed", []).append({"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                            "code": code_version(), "machine": machine_info()})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(saved, indent=1))
+    os.replace(tmp, path)
+
+
 def read_jsonl(path) -> list[dict]:
     """A log that append_jsonl writes (metrics.jsonl, evals.jsonl, study_log.jsonl): its
     objects in order; [] before the first line, and a half-written last line (a process

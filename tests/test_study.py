@@ -590,6 +590,19 @@ def test_seeds_whose_arms_ran_on_different_machines_leave_the_grid(tmp_path, fak
     assert t1["seeds"] == [0, 1] and "machine_apart" not in t1
 
 
+def test_a_run_resumed_on_another_machine_is_reported_apart():
+    """A resumed run appends its session's machine to run.json (runs.record_session): the
+    same machine leaves its key as it was; another CPU makes a key no one-machine run has,
+    so the seed leaves the grid's table (grid.py, choice 4)."""
+    one = G.machine_key({"machine": M1})
+    assert G.machine_key({"machine": M1, "resumed": [{"step": 4, "machine": M1}]}) == one
+    moved = G.machine_key({"machine": M1, "resumed": [{"step": 4, "machine": dict(M1, cpu="AMD EPYC")},
+                                                      {"step": 8, "machine": M1}]})
+    assert moved == dict(one, cpu="Intel(R) Xeon(R) Processor + AMD EPYC")
+    keep, apart = G.same_machine_seeds({"grpo": {0: one, 1: one}, "lopti": {0: one, 1: moved}}, [0, 1])
+    assert keep == [0] and apart == [{"seed": 1, "differs": ["cpu"]}]
+
+
 def test_every_archived_study_ran_each_seed_on_one_machine():
     """What keeps the archive reportable as it was (grid.py, choice 4): no grid of a study
     in results/ leaves a seed out for its machine."""

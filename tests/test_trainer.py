@@ -279,6 +279,10 @@ def test_resume_after_interruption_equals_uninterrupted_run(nano_dir, tmp_path):
 
     assert strip(a["metrics"]) == strip(b["metrics"])
     assert any(m["grad_norm"] > 0 for m in a["metrics"])         # the test is not vacuous
+    # run.json keeps the first session's record and adds the resumed one's (grid.machine_key)
+    saved = json.loads((tmp_path / "b" / "run" / "run.json").read_text())
+    [session] = saved["resumed"]
+    assert session["step"] == 2 and session["machine"]["cpu"] == saved["machine"]["cpu"]
     assert all({"pi_old_below_half", "stage1_share", "ar_weight"} <= set(m) for m in a["metrics"])
     file_b = [json.loads(l) for l in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert strip(file_b) == strip(a["metrics"])

@@ -309,9 +309,16 @@ MACHINE_FIELDS = ("cpu", "torch", "threads")
 
 
 def machine_key(run_json: dict) -> dict:
-    """The MACHINE_FIELDS of a run's run.json (None where it recorded no machine)."""
-    m = run_json.get("machine") or {}
-    return {f: m.get(f) for f in MACHINE_FIELDS}
+    """The MACHINE_FIELDS of a run's run.json (None where it recorded no machine). A run
+    resumed on another machine (run.json["resumed"], runs.record_session) has, in a field
+    that changed, its values joined by " + " in the order they ran: equal to no one-machine
+    run's, so its seed is reported apart."""
+    sessions = [run_json.get("machine") or {}] + [r.get("machine") or {} for r in run_json.get("resumed", [])]
+    key = {}
+    for f in MACHINE_FIELDS:
+        values = list(dict.fromkeys(m.get(f) for m in sessions))
+        key[f] = values[0] if len(values) == 1 else " + ".join(map(str, values))
+    return key
 
 
 def same_machine_seeds(machines: dict, seeds) -> tuple[list, list[dict]]:
