@@ -224,12 +224,12 @@ def _logged(m: dict, key: str, cfg: dict):
     return None
 
 
-def rows(out, heldout_set=None, size: int = 3) -> list[dict]:
+def rows(out, puzzles_file=None, size: int = 3) -> list[dict]:
     """One row per policy on the held-out ``size``-person set: the start, each RL run, each
     supervised control, and each ``pilot-*`` folder (a shorter run's evaluation, such as an
     unfinished run's checkpoint)."""
     out = Path(out)
-    puzzles = {int(p["index"]): p for p in load_jsonl(heldout_set or HELDOUT_SET.format(n=size))}
+    puzzles = {int(p["index"]): p for p in load_jsonl(puzzles_file or HELDOUT_SET.format(n=size))}
     start = correct_by_puzzle(out / "start", size)
     table = []
     for name, folder in policy_folders(out):
