@@ -37,10 +37,12 @@
 #            for 4 (the preset's RL budget: 0.3% of faithful traces are longer). The
 #            3-person evaluations of a larger SIZE keep 512, so they compare with the
 #            start's and results/smollm2-kk-*.
-# The control's steps are the RL run's summed step time over the start's own seconds per
-# supervised step (its warmstart.json: targets of at most 384 tokens, 2-4 people). At 4
-# people the control trains on targets up to 1,024 tokens, whose steps take longer, so it
-# gets more wall time than its RL run: the summary's training minutes say by how much.
+# The control's steps are the RL run's summed step time over seconds per supervised step:
+# for SIZE=3 the start's own (its warmstart.json: targets of at most 384 tokens, 2-4 people),
+# as the committed controls ran; otherwise those of the control's own first 10 steps
+# (runs/<OUT>-sft-s<S>.calibrate: the same seed, sizes and budget, so the same batches), since
+# targets of up to 1,024 tokens make a step slower than the start's. The summary's training
+# minutes say how close the control came to its RL run.
 # OUT defaults to results/smollm2-kk-compact for SIZE=3 and results/smollm2-kk<SIZE> otherwise.
 # Its folders: start/, rl-<method>-s<S>/ (rl-s<S> for SIZE=3's ar_lopti, the name the
 # committed runs have), sft-s<S>/; then scripts/smollm2_kk_summary.py writes OUT/summary.md.
@@ -120,13 +122,21 @@ for s in $SEEDS; do
     if [ -d "$sft.resume" ]; then
       python -m lopti_minimal.experiments.lm_warmstart --resume "$sft" --threads "$THREADS" --no-progress
     else
-      # The wall time of this seed's first RL run, in the start's own seconds per supervised
-      # step (smollm2_kk_summary.py, design choice 2)
-      n=$(python scripts/smollm2_kk_summary.py --control-steps "$first" "$START")
       # Targets up to the RL run's sampling budget (384 for smollm2-kk, lm_warmstart's
       # default; 1,024 for smollm2-kk4), so the control can learn the long traces RL samples
       budget=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["max_new_tokens"])' \
         "$first/run.json")
+      # The wall time of this seed's first RL run, in seconds per supervised step
+      # (smollm2_kk_summary.py, design choice 2): the start's own for SIZE=3, else the
+      # control's first 10 steps, timed (the same seed, so the same batches)
+      pace=$START
+      if [ "$SIZE" != 3 ]; then
+        pace=$sft.calibrate
+        [ -f "$pace/warmstart.json" ] || python -m lopti_minimal.experiments.lm_warmstart --init "$START" \
+          --steps 10 --seed $((s + 1)) --max-response-tokens "$budget" ${sizes[@]+"${sizes[@]}"} --out "$pace" \
+          --state-every-steps 0 --threads "$THREADS" --no-progress
+      fi
+      n=$(python scripts/smollm2_kk_summary.py --control-steps "$first" "$pace")
       # seed s + 1: puzzles other than the start's own (it was trained at seed 0)
       # (--init continues the start's own chain-of-thought style)
       python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) \
