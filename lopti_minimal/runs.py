@@ -293,8 +293,15 @@ def record_session(run_dir, step: int) -> None:
     saved = json.loads(path.read_text())
     saved.setdefault("resumed", []).append({"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
                                             "code": code_version(), "machine": machine_info()})
+    write_json(path, saved)
+
+
+def write_json(path, obj) -> None:
+    """``obj`` as indented JSON at ``path``, atomically (a temporary file, then os.replace):
+    an interruption leaves the old file or the new one, never half of one."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(saved, indent=1))
+    tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, path)
 
 

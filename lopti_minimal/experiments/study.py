@@ -112,7 +112,7 @@ def check_warm_start(out, preset: str, model: str) -> str:
     if not known:
         state["presets"][preset] = {"model": model, "fingerprint": fp, "recorded": _now()}
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, state)
+        runs.write_json(path, state)
     return fp
 
 
@@ -145,12 +145,6 @@ def evaluate_warm_start(out, cfg, echo=print, heldout: str | None = None) -> Pat
 
 def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 def _file_log(path: Path):
@@ -225,7 +219,7 @@ def execute(cfg, status: str, train_fn=None, heldout: str | None = None) -> dict
             rec["wall_s"] = round(rec["wall_s"] + wall, 1)
             rec["sessions"].append({"start": start, "wall_s": round(wall, 1), "status": status,
                                     "ok": ok, "error": err, "threads": cfg.threads})
-            _write_json(tpath, rec)
+            runs.write_json(tpath, rec)
     return {"run_dir": str(run_dir), "ok": ok, "error": err, "wall_s": wall}
 
 
@@ -484,7 +478,7 @@ def write_outputs(a, out: Path) -> None:
     res = aggregate(out, a.window)
     if not a.report_only or a.write_aggregate:
         out.mkdir(parents=True, exist_ok=True)
-        _write_json(out / "study_results.json", res)
+        runs.write_json(out / "study_results.json", res)
     again = (f"python -m lopti_minimal.experiments.study --out {portable(str(out))} --report-only "
              f"--report {portable(str(report))} --figures {portable(str(figures))} --tables {portable(str(tables))}")
     print(f"[study] report: {write_report(res, report, figures, regenerate=again, tables=tables)}")
