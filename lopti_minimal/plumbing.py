@@ -249,10 +249,10 @@ class Run:
         cfg, run_dir = self.cfg, self.dir
         if not self.resume:
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "run.json").write_text(json.dumps(
-                {"kind": runs.RUN_MARKER, "config": runs.config_to_json(cfg), "data": data_path,
-                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version(),
-                 "machine": runs.machine_info()}, indent=1))
+            runs.write_json(run_dir / "run.json",
+                            {"kind": runs.RUN_MARKER, "config": runs.config_to_json(cfg), "data": data_path,
+                             "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version(),
+                             "machine": runs.machine_info()})
             return 0
         if self.checkpoint:
             self.start_step, path, state = self.checkpoint
