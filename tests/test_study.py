@@ -247,6 +247,9 @@ def test_plan_dedups_shared_runs_and_is_seed_major():
     only = S.plan_runs(["main"], 2, 0, "ci", only={"grpo", "ar_lopti"})
     assert [s.run_dir("/o").as_posix() for s in only] == [
         "/o/ci/grpo-s0", "/o/ci/ar_lopti-a0.3-e0.5-s0", "/o/ci/grpo-s1", "/o/ci/ar_lopti-a0.3-e0.5-s1"]
+    # --skip-seeds: the token-fix sweep without seed 0 (its baselines ran on another CPU kind)
+    tok = S.plan_runs(["token_fixes"], 5, 5, "cpu-tiny", skip_seeds={0})
+    assert {s.seed for s in tok} == {1, 2, 3, 4} and len(tok) == 4 * len(G.GRIDS["token_fixes"])
     with pytest.raises(G.StudyError, match="unknown grid"):
         S.plan_runs(["nope"], 1, 1, "ci")
 

@@ -45,9 +45,11 @@ class RunSpec:
         return Path(out) / self.preset / f"{self.variant.name}-s{self.seed}"
 
 
-def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> list[RunSpec]:
+def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None, skip_seeds=()) -> list[RunSpec]:
     """Deduplicated runs, the paired grids first and seed-major, then the sweeps (choice 2).
-    ``only``: keep these methods (or variant names) only."""
+    ``only``: keep these methods (or variant names) only. ``skip_seeds``: leave these seeds out
+    of this invocation (a seed whose baselines ran on another kind of CPU is run there, so that
+    its arms pair: grid.same_machine_seeds reports a mixed seed apart)."""
     names = list(GRIDS) if "all" in grids else list(grids)
     for g in names:
         if g not in GRIDS:
@@ -56,7 +58,7 @@ def plan_runs(grids, seeds: int, sweep_seeds: int, preset: str, only=None) -> li
     out, seen = [], set()
 
     def add(g, v, seed):
-        if only and v.method not in only and v.name not in only:
+        if (only and v.method not in only and v.name not in only) or seed in skip_seeds:
             return
         if (v, seed) not in seen:
             seen.add((v, seed))

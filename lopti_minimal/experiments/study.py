@@ -389,6 +389,9 @@ def parse_args(argv=None):
                     help="and the policy after these RL steps, by the trainer (none: no values)")
     ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 of the main grid")
     ap.add_argument("--sweep-seeds", type=int, default=3, help="seeds 0..N-1 of the sweeps")
+    ap.add_argument("--skip-seeds", nargs="+", type=int, default=[], metavar="S",
+                    help="leave these seeds out of this invocation (e.g. a seed whose baselines ran on another "
+                    "kind of CPU: run it there, so that its arms pair)")
     ap.add_argument("--only", help="comma-separated methods or variant names to keep (e.g. grpo,ar_lopti)")
     ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(PRESETS)}")
     cli.add_options(ap.add_argument_group("every run's options (the preset's unless given)"), TrainConfig,
@@ -436,7 +439,7 @@ def main(argv=None) -> int:
         if not a.report_only:
             overrides = build_overrides(a)
             only = set(a.only.split(",")) if a.only else None
-            specs = plan_runs(a.grid, a.seeds, a.sweep_seeds, a.preset, only)
+            specs = plan_runs(a.grid, a.seeds, a.sweep_seeds, a.preset, only, set(a.skip_seeds))
             specs, dropped = supported(specs, out, overrides)
             if dropped:
                 print(f"[study] skipped {len(dropped)} run(s) of variants the trainer cannot run: {dropped[0]}",
