@@ -357,6 +357,20 @@ def test_parallel_jobs_with_a_fake_trainer(tmp_path, fake_model):
 
 # ----------------------------------------------------------------------------- aggregation and report
 
+def test_run_wall_time_survives_a_lost_session(tmp_path, fake_model):
+    """A worker killed after training but before writing study_time.json leaves a record of
+    the next session only (the held-out evaluation): the run's own step and evaluation times
+    (3 x 1 s + 2 s) stand in for the lost one; a complete record is used as it is."""
+    spec = S.RunSpec("ci", G.GRPO, 0, "main")
+    d = spec.run_dir(tmp_path)
+    write_finished(d, S.run_config(spec, tmp_path, {"model": fake_model, "steps": 3}), {3: .5, 4: .5})
+    assert A.read_run(d)["wall_s"] == 5.0                      # made outside the study
+    (d / "study_time.json").write_text(json.dumps({"wall_s": 0.5, "sessions": [{"status": "heldout"}]}))
+    assert A.read_run(d)["wall_s"] == 5.0
+    (d / "study_time.json").write_text(json.dumps({"wall_s": 9.0, "sessions": [{"status": "new"}]}))
+    assert A.read_run(d)["wall_s"] == 9.0
+
+
 def test_aggregate_on_synthetic_runs(tmp_path, fake_model):
     out = synthetic_study(tmp_path / "study", fake_model)
     res = A.aggregate(out, window=2)

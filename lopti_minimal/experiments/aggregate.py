@@ -45,11 +45,13 @@ def read_run(run_dir) -> dict:
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     hfile = run_dir / HELDOUT_FILE
     hev = json.loads(hfile.read_text()) if hfile.exists() else None
+    # Wall time: the study's record of the run's sessions; at least its own step and evaluation
+    # times, which a run made outside the study has only, and which also stand in for a session
+    # the record lost (a worker killed before it could write it: a later session adding only
+    # the held-out evaluation would otherwise count as the whole run).
+    own = sum(m.get("step_s", 0.0) for m in metrics) + float(ev.get("seconds", 0.0))
     tfile = run_dir / "study_time.json"
-    if tfile.exists():
-        wall = json.loads(tfile.read_text())["wall_s"]
-    else:                                        # a run made outside the study
-        wall = sum(m.get("step_s", 0.0) for m in metrics) + float(ev.get("seconds", 0.0))
+    wall = max(json.loads(tfile.read_text())["wall_s"], own) if tfile.exists() else own
     run_json = json.loads((run_dir / "run.json").read_text())
     code = run_json.get("code")
     return {"dir": str(run_dir), "preset": cfg.get("preset", "?"), "variant": Variant.from_config(cfg),
