@@ -384,11 +384,11 @@ class Run:
                 self.log(f"[plots] skipped: {e}")
         if self.writer:
             self.writer.close()
-        (run_dir / "summary.json").write_text(json.dumps(
+        runs.write_json(run_dir / "summary.json",
             {"steps": cfg.steps, "rl_seconds_this_session": round(rl_seconds, 1), "paths": paths,
              # the host process's peak resident memory in this session's steps and evaluations
              "peak_rss_gb_this_session": self.peak_rss_gb,
-             "final_eval": _eval_brief(final_eval) if final_eval else None}, indent=1))
+             "final_eval": _eval_brief(final_eval) if final_eval else None})
         return {"run_dir": str(run_dir), "metrics": self.history, "final_eval": final_eval, "paths": paths,
                 "config": cfg}
 
