@@ -1,6 +1,6 @@
 """Copy a study's finished runs, without their model weights, into a folder git can hold.
 
-    python scripts/archive_study.py runs/study-tiny-warm results/study-tiny-warm
+    python scripts/archive_study.py runs/study-fixed results/study-fixed
 
 A study runs for hours, longer than a machine may be kept. Its report (docs/RESULTS.md) and
 the per-run scripts (rl_summary.py, phrasing_diversity.py's table) read only the small
@@ -14,7 +14,7 @@ checks) and study_log.jsonl (each invocation's wall time and machine, for the re
 To continue a study on a fresh machine, copy the archive back and run the same study
 command: the archived runs count as finished and are skipped (study.py's run_status).
 
-    cp -r results/study-tiny-warm runs/study-tiny-warm
+    cp -r results/study-fixed runs/study-fixed
 
 Run phrasing_diversity.py --study first if its table is wanted: it needs each run's final/.
 """

@@ -1,6 +1,6 @@
 """Does a run's peak memory creep, or follow the work? Read from the runs' own logs.
 
-    python scripts/peak_memory_by_step.py results/study-tiny-warm          # every run of a study
+    python scripts/peak_memory_by_step.py results/study-fixed              # every run of a study
     python scripts/peak_memory_by_step.py runs/<run> runs/<other run>       # or single runs
 
 Every RL step logs the peak resident memory of its process while the step ran

@@ -1,7 +1,7 @@
 """What RL does to the reward-irrelevant tokens: the diversity of the phrasing choices.
 
     python scripts/phrasing_diversity.py --model checkpoints/tiny-warm       # one policy
-    python scripts/phrasing_diversity.py --study runs/study-tiny-warm         # every finished run
+    python scripts/phrasing_diversity.py --study runs/study-fixed             # every finished run
 
 The shipped warm start phrases its derivations freely (task/phrasing.py): at every node
 line, check, verdict, line end and answer line it picked one of 3-4 words uniformly, and
