@@ -54,7 +54,7 @@ def archive(study: Path, dest: Path) -> list[Path]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("study", type=Path, help="the study's --out folder")
-    ap.add_argument("dest", type=Path, help="the archive folder (e.g. results/study-tiny-warm)")
+    ap.add_argument("dest", type=Path, help="the archive folder (e.g. results/study-fixed)")
     a = ap.parse_args(argv)
     if not a.study.is_dir():
         print(f"error: {a.study} is not a folder", file=sys.stderr)
