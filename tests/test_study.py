@@ -21,6 +21,7 @@ from lopti_minimal.experiments import grid as G
 from lopti_minimal.experiments import report as R
 from lopti_minimal.experiments import stats
 from lopti_minimal.experiments import study as S
+from lopti_minimal.experiments.plan import PAIRED_GRIDS
 
 WARM = ROOT / "checkpoints" / "tiny-warm" / "config.json"
 HAS_ORDER = "lopti_order" in {f.name for f in dataclasses.fields(TrainConfig)}
@@ -583,8 +584,9 @@ def test_seeds_whose_arms_ran_on_different_machines_leave_the_grid(tmp_path, fak
                                   {"seed": 3, "differs": ["cpu", "torch", "threads"]}]
     assert {r["n"] for r in t["rows"].values()} == {2}
     assert t["rows"][G.LOPTI_PER_STAGE.name]["vs_grpo"]["avg"]["seeds"] == [0, 2]
+    # A pair keeps every seed its two arms ran alike: seed 3 (GRPO's run recorded no machine)
     [d] = [d for d in t["pairs"] if d["a"] == G.LOPTI_PER_STAGE.label and d["b"] == G.LOPTI.label]
-    assert d["avg"]["seeds"] == [0, 2] and d["avg"]["mean"] == pytest.approx(0.1)
+    assert d["seeds"] == d["avg"]["seeds"] == [0, 2, 3] and d["avg"]["mean"] == pytest.approx(0.1)
     main = pr["grids"]["main"]
     assert main["seeds"] == [0, 1, 2]
     assert main["machine_apart"] == [{"seed": 3, "differs": ["cpu", "torch", "threads"]}]
@@ -593,9 +595,10 @@ def test_seeds_whose_arms_ran_on_different_machines_leave_the_grid(tmp_path, fak
     text = report.read_text()
     assert ("Seeds 0, 2 (n = 2 per row). 2 seed(s) left out, their arms having run on different machines "
             "(the CPU model, torch version or thread count each run recorded): seed 1 (torch differs), "
-            "3 (cpu, torch, threads differ); every row and every paired difference is over the "
-            "seeds above only.") in text
-    assert "| GRPO+Lopti (η=0.4, an optimizer per stage) minus GRPO+Lopti (η=0.4) |" in text
+            "3 (cpu, torch, threads differ); every row and its difference from GRPO are over the seeds "
+            "above only, a paired comparison below over the seeds its two arms share (named where they "
+            "differ).") in text
+    assert "| GRPO+Lopti (η=0.4, an optimizer per stage) minus GRPO+Lopti (η=0.4) (seeds 0, 2, 3) |" in text
     # A study on one machine: no seed left out, no such sentence, no new key in the aggregate.
     one = tmp_path / "one"
     for v in (G.GRPO, G.LOPTI):
@@ -620,14 +623,20 @@ def test_a_run_resumed_on_another_machine_is_reported_apart():
     assert keep == [0] and apart == [{"seed": 1, "differs": ["cpu"]}]
 
 
-def test_every_archived_study_ran_each_seed_on_one_machine():
-    """What keeps the archive reportable as it was (grid.py, choice 4): no grid of a study
-    in results/ leaves a seed out for its machine."""
+def test_every_archived_comparison_ran_each_seed_on_one_machine():
+    """What keeps the archive reportable as it was (grid.py, choice 4): in every study in
+    results/, no paired grid (main, control, criterion, isolation) leaves a seed out for its
+    machine, and no grid's own pair loses a seed that both its arms have (a sweep whose GRPO
+    seed ran on another CPU may leave that seed out of its table, not of its pairs)."""
     studies = sorted({rj.parent.parent.parent for rj in (ROOT / "results").glob("study-*/*/*/run.json")})
     assert studies
     for out in studies:
         for preset in A.aggregate(out)["presets"].values():
-            assert not any("machine_apart" in t for t in preset["grids"].values()), out
+            seeds_of = {v["label"]: set(v["seeds"]) for v in preset["variants"].values()}
+            for grid, t in preset["grids"].items():
+                assert grid not in PAIRED_GRIDS or "machine_apart" not in t, (out, grid)
+                for d in t["pairs"]:
+                    assert set(d.get("seeds", t["seeds"])) == seeds_of[d["a"]] & seeds_of[d["b"]], (out, d["a"])
 
 
 def test_report_only_is_byte_identical_and_writes_only_what_it_is_asked(tmp_path, fake_model):

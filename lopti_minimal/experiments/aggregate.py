@@ -190,11 +190,25 @@ def heldout_along_rows(vr: list[dict], base: dict | None, steps: list[int]) -> d
     return out
 
 
+def _pair(groups: dict, a: Variant, b: Variant, table_seeds: list) -> dict | None:
+    """One GRID_PAIRS comparison, over the seeds that both its arms have and ran alike
+    (choice 4 applies to the two arms compared, not to the whole grid: REINFORCE++ with and
+    without AR+Lopti pair on a seed whose GRPO ran on another CPU). Its "seeds" are named
+    only where they are not the table's."""
+    if a not in groups or b not in groups:
+        return None
+    both = sorted({r["seed"] for r in groups[a]} & {r["seed"] for r in groups[b]})
+    seeds, _ = same_machine_seeds({v: {r["seed"]: r["machine"] for r in groups[v]} for v in (a, b)}, both)
+    d = pair_diffs(groups, a, b, seeds)
+    return d if seeds == table_seeds else {**d, "seeds": seeds}
+
+
 def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict | None:
     """The balanced table of one grid: only the seeds that *every* variant of the grid
     with finished runs has, so each row (GRPO's included) averages the same seeds and
-    every difference is paired on all of them; and of those only the seeds whose runs
-    share one machine (grid.py, choice 4; the others under "machine_apart")."""
+    every difference from GRPO is paired on all of them; and of those only the seeds whose
+    runs share one machine (grid.py, choice 4; the others under "machine_apart"). The grid's
+    own pairs (GRID_PAIRS) each use the seeds their two arms share (_pair)."""
     names = [v for v in GRIDS[grid] if v in groups]
     if not names:
         return None
@@ -230,7 +244,7 @@ def grid_table(groups: dict, grid: str, sizes: list[int], window: int) -> dict |
                         "format_error": fmt, "selection": sel, "mechanism": mech, "heldout_along": held,
                         "curves": {k: curve_stats(vr, k, window) for k in CURVE_KEYS} if vr else None,
                         "mechanism_curves": mechanism_curves(vr, window) if vr else None}
-    pairs = [pair_diffs(groups, a, b, seeds) for a, b in GRID_PAIRS.get(grid, ())]
+    pairs = [_pair(groups, a, b, seeds) for a, b in GRID_PAIRS.get(grid, ())]
     out = {"seeds": seeds, "rows": rows, "pairs": [d for d in pairs if d]}
     if apart:        # only then: the aggregate of a study on one machine keeps its bytes
         out["machine_apart"] = apart

@@ -151,8 +151,14 @@ def _pair_lines(table: dict) -> list[str]:
         parts = [f"accuracy (avg over sizes) {_diff_cell(d['avg'])}"]
         parts += [f"{title} {_diff_cell(d[key], dg)}" for key, title, dg in SELECTION_COLS if key in d]
         parts += [f"held-out accuracy after step {k} {_diff_cell(c)}" for k, c in d.get("heldout_along", {}).items()]
-        lines.append(f"- **{d['a']}** minus **{d['b']}**, paired by seed (95% CI): " + "; ".join(parts) + ".")
+        lines.append(f"- **{d['a']}** minus **{d['b']}**{_pair_seeds(d)}, paired by seed (95% CI): "
+                     + "; ".join(parts) + ".")
     return lines
+
+
+def _pair_seeds(d: dict) -> str:
+    """A pair's seeds where they are not its table's (aggregate._pair)."""
+    return f" (seeds {_seed_text(d['seeds'])})" if "seeds" in d else ""
 
 
 def _n_cell(c: dict, n: int, digits: int = 3) -> str:
@@ -338,7 +344,7 @@ def _compact_pairs(table: dict) -> list[str]:
     cols += [("steps to 80% derivations", lambda d: _diff_cell(d.get("steps_to_80"), 1))] \
         if any("steps_to_80" in d for d in pairs) else []
     return ["Paired comparisons within this grid (A minus B, paired by seed, 95% CI):", ""] + \
-        _md("A minus B", cols, pairs, lambda d: f"{short(d['a'])} minus {short(d['b'])}") + [""] if pairs else []
+        _md("A minus B", cols, pairs, lambda d: f"{short(d['a'])} minus {short(d['b'])}{_pair_seeds(d)}") + [""] if pairs else []
 
 
 def _shown_grids(pr: dict):
@@ -382,8 +388,9 @@ def _machine_text(table: dict) -> str:
     which = ", ".join(f"{a['seed']} ({', '.join(a['differs'])} differ{'s' if len(a['differs']) == 1 else ''})"
                       for a in apart)
     return (f" {len(apart)} seed(s) left out, their arms having run on different machines (the CPU model, "
-            f"torch version or thread count each run recorded): seed {which}; every row and every paired "
-            "difference is over the seeds above only.")
+            f"torch version or thread count each run recorded): seed {which}; every row and its difference "
+            "from GRPO are over the seeds above only, a paired comparison below over the seeds its two arms "
+            "share (named where they differ).")
 
 
 def _grid_warm(grid: str, pr: dict) -> dict | None:     # the grids whose tables show the warm start
