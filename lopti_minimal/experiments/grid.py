@@ -13,10 +13,10 @@ Design choices:
    records (run.json["machine"], runs.machine_info). A seed enters a grid's table only if
    all its arms' runs agree in these three (MACHINE_FIELDS; a run that recorded none, made
    before the record existed, agrees only with another such run); the other seeds are left
-   out of every row and every pair of that grid, and the report says which and which field
-   differs (`same_machine_seeds`). Not a refusal: a study with one mixed seed keeps its
-   other seeds, and every archive in results/ ran each study on one machine, so its report
-   is unchanged.
+   out of every row of that grid, and the report says which and which field differs
+   (`same_machine_seeds`). A grid's own paired comparisons (GRID_PAIRS) ask it of their two
+   arms only (aggregate._pair). Not a refusal: a study with one mixed seed keeps its other
+   seeds; results/study-fixed ran each seed of its paired grids on one kind of CPU.
 """
 from __future__ import annotations
 
