@@ -1,6 +1,6 @@
 """Which responses and tokens carry one step's gradient, bin by bin.
 
-    python scripts/gradient_by_token.py results/study-tiny-warm/cpu-tiny/clip_cov-x2-s1 --step 11
+    python scripts/gradient_by_token.py results/study-fixed/cpu-tiny/clip_cov-x2-s1 --step 11
 
 Every `grad_shares_every` steps a run logs each pi_old bin's share of the squared gradient
 norm of its method's loss (`grad_sq_share`, mechanism.gradient_sq_shares: the paper's
