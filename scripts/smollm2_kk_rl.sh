@@ -12,7 +12,7 @@
 # (budget 1,024 tokens); how long a step takes is what metrics.jsonl records, not assumed here.
 #
 # Rerun after an interruption: what is finished is skipped, an RL run resumes from its last
-# checkpoint (every 10 steps), the control from its saved state (every 25 steps).
+# checkpoint (every 10 steps; every step for SIZE=4), the control from its saved state (every 25 steps).
 # Usage: bash scripts/smollm2_kk_rl.sh [OUT]   (the weights stay under runs/; needs
 # scripts/fetch_smollm2.py first). Settings, by environment variable:
 #   SIZE     people per RL and held-out puzzle: 3 (default) or 4; another size needs PRESET
