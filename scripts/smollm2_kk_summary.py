@@ -253,18 +253,28 @@ def _f(v) -> str:
     return "" if v is None else f"{v:.3f}"
 
 
+def _reward_trend(ms: list[dict]) -> str:
+    """Mean sampled reward over a run's first k and last k steps: k = 5, or half a run of
+    fewer than 10 steps, so the two never share a step (a single step: its reward twice)."""
+    if not ms:
+        return ""
+    k = max(1, min(5, len(ms) // 2))
+    return (f"{sum(m['reward'] for m in ms[:k]) / k:+.3f} -> "
+            f"{sum(m['reward'] for m in ms[-k:]) / k:+.3f}")
+
+
 def markdown(table: list[dict], size: int = 3) -> str:
     lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] (puzzles lost, gained) | "
              "format errors | same answer | held-out, solution not the commonest | "
-             f"official {size}-person (100) | training minutes | RL steps | mean reward: first 5 -> last 5 steps |",
+             f"official {size}-person (100) | training minutes | RL steps | "
+             "mean reward: first k -> last k steps (k = 5, or half a shorter run) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         d = r["vs_start"]
         diff = (f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
                 f"(lost {r['lost']}, gained {r['gained']})") if d else ""
         ms = r.get("metrics") or []
-        reward = (f"{sum(m['reward'] for m in ms[:5]) / len(ms[:5]):+.3f} -> "
-                  f"{sum(m['reward'] for m in ms[-5:]) / len(ms[-5:]):+.3f}") if ms else ""
+        reward = _reward_trend(ms)
         prior = r.get("prior") or {}
         rest = f"{_f(prior.get('rest'))} (of {prior['rest_n']})" if prior.get("rest_n") else ""
         minutes = "" if r.get("minutes") is None else f"{r['minutes']:.1f}"

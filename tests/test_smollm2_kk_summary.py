@@ -230,3 +230,13 @@ def test_an_older_runs_low_fraction_is_read_as_the_token_shares_it_equals():
     assert high["stage1_share"] is None and high["pi_old_below_half"] == pytest.approx(0.2)
     grpo = summary.token_means(steps + [{"low_fraction": 0.5, "pi_old_below_half": 0.6}], {"method": "grpo"})
     assert grpo["pi_old_below_half"] == pytest.approx(1.0 / 3) and grpo["stage1_share"] is None
+
+
+def test_the_reward_trend_compares_disjoint_steps():
+    """First and last k steps, k = 5 or half a shorter run: a 6-step run's first and last
+    three, not two windows of five that share four steps."""
+    steps = lambda n: [{"reward": float(r)} for r in range(n)]    # noqa: E731
+    assert summary._reward_trend(steps(6)) == "+1.000 -> +4.000"
+    assert summary._reward_trend(steps(30)) == "+2.000 -> +27.000"
+    assert summary._reward_trend(steps(1)) == "+0.000 -> +0.000"
+    assert summary._reward_trend([]) == ""
