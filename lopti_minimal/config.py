@@ -448,10 +448,11 @@ PRESETS: dict[str, dict] = {
 # cut-off (reward -3) almost never punishes a faithful trace. The longest 4-person prompt
 # in SmolLM2's chat template is 298 tokens (data/heldout4.jsonl; 289 in the RL set, 286
 # in the official set): 512 drops none. Evaluated on the official 4-person set at the
-# same 1,024. A step at 4 people samples and trains longer responses: 683 s for a GRPO
-# step (AMD EPYC, 2 threads; 582 tokens a response), so 6 steps, not smollm2-kk's 10,
-# keep a run near an hour on 2 CPU cores; a checkpoint after every step, since a run
-# outlives a working session. metrics.jsonl's step_s is each step's measured time.
+# same 1,024. A step at 4 people samples and trains longer responses: a GRPO step took
+# 561-717 s (mean 661; AMD EPYC, 2 threads; results/smollm2-kk4/rl-grpo-s0), AR+Lopti's
+# more (two updates), so 6 steps, not smollm2-kk's 10, keep a GRPO run near an hour on 2
+# CPU cores; a checkpoint after every step, since a run outlives a working session.
+# metrics.jsonl's step_s is each step's measured time.
 PRESETS["smollm2-kk4"] = dict(PRESETS["smollm2-kk"], max_new_tokens=1024, rl_sizes=(4,), eval_sizes=(4,),
                               eval_max_new_tokens={4: 1024}, steps=6, save_every=1)
 # The GPU memory (GB) each GPU preset is sized for (benchmarks/memory_table.py checks the
