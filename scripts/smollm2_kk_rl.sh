@@ -13,6 +13,9 @@
 #
 # Rerun after an interruption: what is finished is skipped, an RL run resumes from its last
 # checkpoint (every 10 steps; every step for SIZE=4), the control from its saved state (every 25 steps).
+# On a fresh checkout (runs/ gone) a run whose OUT folder holds its summary and evaluations is
+# not redone; a control whose OUT folder holds warmstart.json but no evaluations is retrained for
+# the steps that file records (its calibration is not repeated), then evaluated.
 # Usage: bash scripts/smollm2_kk_rl.sh [OUT]   (the weights stay under runs/; needs
 # scripts/fetch_smollm2.py first). Settings, by environment variable:
 #   SIZE     people per RL and held-out puzzle: 3 (default) or 4; another size needs PRESET
@@ -80,6 +83,9 @@ official() {  # MODEL FOLDER: greedy, the 100 official SIZE-person puzzles
   [ -f "$2/eval_official$SIZE.json" ] || python eval.py --model "$1" --sizes "$SIZE" --max-new-tokens "$BUDGET" \
     --threads "$THREADS" --no-progress --out "$2/eval_official$SIZE.json"
 }
+evaluated() { # FOLDER: true when it holds every evaluation evaluate() writes
+  [ -f "$1/eval_heldout$SIZE.json" ] && { [ "$SIZE" = 3 ] || [ -f "$1/eval_heldout3.json" ]; }
+}
 name() {      # METHOD SEED: a run's folder name after rl- (and runs/<OUT>-)
   if [ "$SIZE" = 3 ] && [ "$1" = ar_lopti ]; then echo "s$2"; else echo "$1-s$2"; fi
 }
@@ -99,7 +105,11 @@ for s in $SEEDS; do
   first=""
   for m in $METHODS; do
     run=runs/$(basename "$OUT")-$(name "$m" "$s")
-    first=${first:-$run}
+    folder=$OUT/rl-$(name "$m" "$s")
+    first=${first:-$folder}   # its run.json and metrics.jsonl pace the control
+    if [ ! -f "$run/summary.json" ] && [ -f "$folder/summary.json" ] && evaluated "$folder"; then
+      continue                # finished on an earlier checkout: its weights are not needed again
+    fi
     if [ ! -f "$run/summary.json" ]; then
       if compgen -G "$run/ckpt-*" > /dev/null; then
         python train.py --resume "$run" --no-progress
@@ -110,7 +120,6 @@ for s in $SEEDS; do
           --threads "$THREADS" --run-dir "$run" --no-progress ${RL_ARGS:-}
       fi
     fi
-    folder=$OUT/rl-$(name "$m" "$s")
     mkdir -p "$folder"
     cp "$run"/{run.json,metrics.jsonl,summary.json,eval_final.json,training.png} "$folder/"
     [ ! -f "$run/eval_before.json" ] || cp "$run/eval_before.json" "$folder/"
@@ -118,6 +127,10 @@ for s in $SEEDS; do
   done
 
   sft=runs/$(basename "$OUT")-sft-s$s
+  kept=$OUT/sft-s$s
+  if [ ! -f "$sft/warmstart.json" ] && evaluated "$kept" && [ -f "$kept/eval_official$SIZE.json" ]; then
+    continue                  # finished on an earlier checkout
+  fi
   if [ ! -f "$sft/warmstart.json" ]; then
     if [ -d "$sft.resume" ]; then
       python -m lopti_minimal.experiments.lm_warmstart --resume "$sft" --threads "$THREADS" --no-progress
@@ -130,22 +143,29 @@ for s in $SEEDS; do
       # (smollm2_kk_summary.py, design choice 2): the start's own for SIZE=3, else the
       # control's first 10 steps, timed (the same seed, so the same batches)
       pace=$START
-      if [ "$SIZE" != 3 ]; then
+      if [ -f "$kept/warmstart.json" ]; then
+        pace=""               # trained on an earlier checkout, not evaluated: the same steps
+      elif [ "$SIZE" != 3 ]; then
         pace=$sft.calibrate
         [ -f "$pace/warmstart.json" ] || python -m lopti_minimal.experiments.lm_warmstart --init "$START" \
           --steps 10 --seed $((s + 1)) --max-response-tokens "$budget" ${sizes[@]+"${sizes[@]}"} --out "$pace" \
           --state-every-steps 0 --threads "$THREADS" --no-progress
       fi
-      n=$(python scripts/smollm2_kk_summary.py --control-steps "$first" "$pace")
+      if [ -n "$pace" ]; then
+        n=$(python scripts/smollm2_kk_summary.py --control-steps "$first" "$pace")
+      else
+        n=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["steps"])' \
+          "$kept/warmstart.json")
+      fi
       # seed s + 1: puzzles other than the start's own (it was trained at seed 0)
       # (--init continues the start's own chain-of-thought style)
       python -m lopti_minimal.experiments.lm_warmstart --init "$START" --steps "$n" --seed $((s + 1)) \
         --max-response-tokens "$budget" ${sizes[@]+"${sizes[@]}"} --out "$sft" --threads "$THREADS" --no-progress
     fi
   fi
-  mkdir -p "$OUT/sft-s$s"
-  cp "$sft/warmstart.json" "$OUT/sft-s$s/"
-  evaluate "$sft" "$OUT/sft-s$s"
-  official "$sft" "$OUT/sft-s$s"
+  mkdir -p "$kept"
+  cp "$sft/warmstart.json" "$kept/"
+  evaluate "$sft" "$kept"
+  official "$sft" "$kept"
 done
 python scripts/smollm2_kk_summary.py "$OUT" --size "$SIZE"
