@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # RL on a real pretrained LM, from scratch: SmolLM2-135M-Instruct from a supervised LoRA
-# warm start, one RL run per seed and method on SIZE-person puzzles, and, per seed, the same
+# warm start, one RL run per seed and method on SIZE-person puzzles, and, per seed of CONTROLS, the same
 # start trained supervised for the wall time of that seed's first RL run (the control that
 # tells RL's gain from more supervised training). Every policy is evaluated greedily on the
 # 400 held-out SIZE-person puzzles of data/heldout<SIZE>.jsonl (each response kept, so
@@ -28,6 +28,10 @@
 #            settings in train.py (config.METHODS: AR alpha 0.2, Lopti eta 0.4, AR+Lopti
 #            alpha 0.3 and eta 0.5, GRPO neither).
 #   SEEDS    "0 1" by default. THREADS: 2.
+#   CONTROLS the seeds that get a supervised control: every seed for SIZE=3 (as committed),
+#            seed 0 only for SIZE=4 (each control there costs as long as an RL run and its
+#            evaluations, about two hours; one control for equal time is what the results
+#            compare RL against).
 #   START    the supervised adapter folder (lm_warmstart --out) RL and the control start from:
 #            checkpoints/smollm2-kk-sft-compact for SIZE=3 (results/smollm2-kk-rl is
 #            START=checkpoints/smollm2-kk-sft's), the shipped checkpoints/smollm2-kk-sft-compact-396
@@ -69,6 +73,7 @@ if [ ! -f "data/heldout$SIZE.jsonl" ]; then
 fi
 METHODS=${METHODS:-ar_lopti}
 SEEDS=${SEEDS:-0 1}
+if [ "$SIZE" = 3 ]; then CONTROLS=${CONTROLS-$SEEDS}; else CONTROLS=${CONTROLS-0}; fi
 THREADS=${THREADS:-2}
 
 heldout() {   # MODEL FOLDER N TOKENS: greedy, the 400 held-out N-person puzzles, the responses saved
@@ -126,6 +131,7 @@ for s in $SEEDS; do
     evaluate "$run/final" "$folder"
   done
 
+  case " $CONTROLS " in *" $s "*) ;; *) continue ;; esac
   sft=runs/$(basename "$OUT")-sft-s$s
   kept=$OUT/sft-s$s
   if [ ! -f "$sft/warmstart.json" ] && evaluated "$kept" && [ -f "$kept/eval_official$SIZE.json" ]; then
