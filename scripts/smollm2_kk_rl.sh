@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # RL on a real pretrained LM, from scratch: SmolLM2-135M-Instruct from a supervised LoRA
-# warm start, one RL run per seed and method on SIZE-person puzzles, and, per seed of CONTROLS, the same
-# start trained supervised for the wall time of that seed's first RL run (the control that
-# tells RL's gain from more supervised training). Every policy is evaluated greedily on the
-# 400 held-out SIZE-person puzzles of data/heldout<SIZE>.jsonl (each response kept, so
-# differences pair by puzzle), on 3 people too when SIZE is not 3 (what training on larger
-# puzzles costs on the ones the start was best at), and on the official SIZE-person set.
+# warm start, one RL run per seed and method on SIZE-person puzzles, and, per seed of
+# CONTROLS, the same start trained supervised for the wall time of that seed's first RL run
+# (the control that tells RL's gain from more supervised training). Every policy is
+# evaluated greedily on the 400 held-out SIZE-person puzzles of data/heldout<SIZE>.jsonl
+# (each response kept, so differences pair by puzzle), on 3 people too when SIZE is not 3
+# (what training on larger puzzles costs on the ones the start was best at), and on the
+# official SIZE-person set.
 # SIZE=3 with the defaults is the script as it ran for results/smollm2-kk-compact and
 # results/smollm2-kk-rl: about 2.3 hours per seed on a 2-core CPU (an hour of RL steps, an
 # hour of supervised steps, 20 minutes of evaluations). At 4 people the responses are longer
@@ -88,6 +89,9 @@ official() {  # MODEL FOLDER: greedy, the 100 official SIZE-person puzzles
   [ -f "$2/eval_official$SIZE.json" ] || python eval.py --model "$1" --sizes "$SIZE" --max-new-tokens "$BUDGET" \
     --threads "$THREADS" --no-progress --out "$2/eval_official$SIZE.json"
 }
+config_of() { # FILE KEY: a run.json's or warmstart.json's config[KEY]
+  python -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"][sys.argv[2]])' "$1" "$2"
+}
 evaluated() { # FOLDER: true when it holds every evaluation evaluate() writes
   [ -f "$1/eval_heldout$SIZE.json" ] && { [ "$SIZE" = 3 ] || [ -f "$1/eval_heldout3.json" ]; }
 }
@@ -143,25 +147,21 @@ for s in $SEEDS; do
     else
       # Targets up to the RL run's sampling budget (384 for smollm2-kk, lm_warmstart's
       # default; 1,024 for smollm2-kk4), so the control can learn the long traces RL samples
-      budget=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["max_new_tokens"])' \
-        "$first/run.json")
-      # The wall time of this seed's first RL run, in seconds per supervised step
-      # (smollm2_kk_summary.py, design choice 2): the start's own for SIZE=3, else the
-      # control's first 10 steps, timed (the same seed, so the same batches)
-      pace=$START
+      budget=$(config_of "$first/run.json" max_new_tokens)
       if [ -f "$kept/warmstart.json" ]; then
-        pace=""               # trained on an earlier checkout, not evaluated: the same steps
-      elif [ "$SIZE" != 3 ]; then
-        pace=$sft.calibrate
-        [ -f "$pace/warmstart.json" ] || python -m lopti_minimal.experiments.lm_warmstart --init "$START" \
-          --steps 10 --seed $((s + 1)) --max-response-tokens "$budget" ${sizes[@]+"${sizes[@]}"} --out "$pace" \
-          --state-every-steps 0 --threads "$THREADS" --no-progress
-      fi
-      if [ -n "$pace" ]; then
-        n=$(python scripts/smollm2_kk_summary.py --control-steps "$first" "$pace")
+        n=$(config_of "$kept/warmstart.json" steps)   # trained on an earlier checkout: the same steps
       else
-        n=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["steps"])' \
-          "$kept/warmstart.json")
+        # The wall time of this seed's first RL run, in seconds per supervised step
+        # (smollm2_kk_summary.py, design choice 2): the start's own for SIZE=3, else the
+        # control's first 10 steps, timed (the same seed, so the same batches)
+        pace=$START
+        if [ "$SIZE" != 3 ]; then
+          pace=$sft.calibrate
+          [ -f "$pace/warmstart.json" ] || python -m lopti_minimal.experiments.lm_warmstart --init "$START" \
+            --steps 10 --seed $((s + 1)) --max-response-tokens "$budget" ${sizes[@]+"${sizes[@]}"} --out "$pace" \
+            --state-every-steps 0 --threads "$THREADS" --no-progress
+        fi
+        n=$(python scripts/smollm2_kk_summary.py --control-steps "$first" "$pace")
       fi
       # seed s + 1: puzzles other than the start's own (it was trained at seed 0)
       # (--init continues the start's own chain-of-thought style)
