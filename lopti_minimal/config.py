@@ -414,9 +414,9 @@ PRESETS: dict[str, dict] = {
     # The same model from its supervised LoRA warm start (experiments/lm_warmstart.py, the
     # compact trace, 250 + 146 steps; the adapter merged on load): RL trains fresh rank-8
     # adapters on top. Groups of 8, four prompts a step, lr 5e-5, 10 steps (about an hour on
-    # 2 CPU cores): measured from the 250-step start, lr 2e-4 with 2 prompts a step lost 7
-    # points of held-out accuracy in 10 steps, this setting 3.7; from this start it moved
-    # +0.3 and +0.5 (two seeds; results/smollm2-kk-396/).
+    # 2 CPU cores): measured from the 250-step start before the autocast fix, lr 2e-4 with 2
+    # prompts a step lost 7 points of held-out accuracy in 10 steps, this setting 3.7; from
+    # this start it moved +0.3 and +0.5 (two seeds; docs/HISTORY.md).
     "smollm2-kk": dict(model="checkpoints/smollm2-kk-sft-compact-396", lora_rank=8, lr=5e-5, prompts_per_step=4,
                        group_size=8, max_new_tokens=384, max_prompt_len=512, steps=10,
                        rl_sizes=(3,), micro_batch_size=8, eval_sizes=(3,), eval_per_size=100,
@@ -441,7 +441,7 @@ PRESETS: dict[str, dict] = {
                        eval_batch_size=16, dtype="bfloat16", optimizer="adamw8bit"),
 }
 # smollm2-kk on 4-person puzzles: on 3 people the start is at 0.850 and most groups of
-# 8 had equal rewards (results/smollm2-kk-396/), so RL had little to learn from. Budget
+# 8 had equal rewards (docs/HISTORY.md), so RL had little to learn from. Budget
 # 1,024 new tokens: the faithful compact trace of a 4-person puzzle is longer than that
 # for 0.3% of puzzles (384: 46%, 768: 3.7%; `python scripts/target_lengths.py
 # data/heldout4.jsonl --budgets 384 768 1024`; 0.1% of the RL set train.py builds), so a
