@@ -7,8 +7,8 @@
 # (each response kept, so differences pair by puzzle), on 3 people too when SIZE is not 3
 # (what training on larger puzzles costs on the ones the start was best at), and on the
 # official SIZE-person set.
-# SIZE=3 with the defaults is the script as it ran for results/smollm2-kk-compact and
-# results/smollm2-kk-rl: about 2.3 hours per seed on a 2-core CPU (an hour of RL steps, an
+# SIZE=3 with the defaults is the script as it ran for the 3-person runs before the autocast
+# fix (docs/HISTORY.md): about 2.3 hours per seed on a 2-core CPU (an hour of RL steps, an
 # hour of supervised steps, 20 minutes of evaluations). At 4 people the responses are longer
 # (budget 1,024 tokens); how long a step takes is what metrics.jsonl records, not assumed here.
 #
@@ -25,20 +25,19 @@
 #   METHODS  train.py --method, one RL run each: "grpo ar_lopti" for SIZE=4 (the paper's
 #            comparison, paired by seed). Otherwise ar_lopti by default: the
 #            presets set no method, so train.py's default, the paper's AR+Lopti, is what
-#            every committed rl-s<S> run trained with; each method takes its own paper
+#            every 3-person rl-s<S> run trained with; each method takes its own paper
 #            settings in train.py (config.METHODS: AR alpha 0.2, Lopti eta 0.4, AR+Lopti
 #            alpha 0.3 and eta 0.5, GRPO neither).
 #   SEEDS    "0 1" by default. THREADS: 2.
-#   CONTROLS the seeds that get a supervised control: every seed for SIZE=3 (as committed),
+#   CONTROLS the seeds that get a supervised control: every seed for SIZE=3 (as the 3-person runs had),
 #            seed 0 only for SIZE=4 (each control there costs as long as an RL run and its
 #            evaluations, about two hours; one control for equal time is what the results
 #            compare RL against).
 #   START    the supervised adapter folder (lm_warmstart --out) RL and the control start from:
-#            checkpoints/smollm2-kk-sft-compact for SIZE=3 (results/smollm2-kk-rl is
-#            START=checkpoints/smollm2-kk-sft's), the shipped checkpoints/smollm2-kk-sft-compact-396
+#            checkpoints/smollm2-kk-sft-compact for SIZE=3, the shipped checkpoints/smollm2-kk-sft-compact-396
 #            (the preset's model) otherwise.
 #   RL_ARGS  more train.py options: the preset's lr, prompts a step and steps were 2e-4, 2
-#            and 30 for results/smollm2-kk-rl and results/smollm2-kk-compact
+#            and 30 for the first 3-person runs
 #            (RL_ARGS="--lr 2e-4 --prompts-per-step 2 --steps 30" reruns them).
 #   BUDGET   new tokens of the evaluations on SIZE people: 512 for 3 (above every faithful
 #            3-person trace: the longest is 486 tokens, scripts/target_lengths.py), 1,024
@@ -47,13 +46,13 @@
 #            start's and results/smollm2-kk-*.
 # The control's steps are the RL run's summed step time over seconds per supervised step:
 # for SIZE=3 the start's own (its warmstart.json: targets of at most 384 tokens, 2-4 people),
-# as the committed controls ran; otherwise those of the control's own first 10 steps
+# as the 3-person controls ran; otherwise those of the control's own first 10 steps
 # (runs/<OUT>-sft-s<S>.calibrate: the same seed, sizes and budget, so the same batches), since
 # targets of up to 1,024 tokens make a step slower than the start's. The summary's training
 # minutes say how close the control came to its RL run.
 # OUT defaults to results/smollm2-kk-compact for SIZE=3 and results/smollm2-kk<SIZE> otherwise.
 # Its folders: start/, rl-<method>-s<S>/ (rl-s<S> for SIZE=3's ar_lopti, the name the
-# committed runs have), sft-s<S>/; then scripts/smollm2_kk_summary.py writes OUT/summary.md.
+# 3-person runs had), sft-s<S>/; then scripts/smollm2_kk_summary.py writes OUT/summary.md.
 set -euo pipefail
 SIZE=${SIZE:-3}
 case $SIZE in
@@ -103,7 +102,7 @@ name() {      # METHOD SEED: a run's folder name after rl- (and runs/<OUT>-)
 # of the same policy, not worth repeating per run at 1,024 tokens.
 before=(); [ "$SIZE" = 3 ] && before=(--eval-before)
 # The control's puzzles: for SIZE=3 lm_warmstart's default mix (2-4 people, the start's own,
-# as every committed control); otherwise the RL run's size, so the control trains on what
+# as every 3-person control); otherwise the RL run's size, so the control trains on what
 # RL trains on.
 sizes=(); [ "$SIZE" = 3 ] || sizes=(--sizes "$SIZE")
 
