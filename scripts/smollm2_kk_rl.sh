@@ -29,10 +29,10 @@
 #            settings in train.py (config.METHODS: AR alpha 0.2, Lopti eta 0.4, AR+Lopti
 #            alpha 0.3 and eta 0.5, GRPO neither).
 #   SEEDS    "0 1" by default. THREADS: 2.
-#   CONTROLS the seeds that get a supervised control: every seed for SIZE=3 (as the 3-person runs had),
-#            seed 0 only for SIZE=4 (each control there costs as long as an RL run and its
-#            evaluations, about two hours; one control for equal time is what the results
-#            compare RL against).
+#   CONTROLS the seeds that get a supervised control: every seed for SIZE=3 (as the
+#            3-person runs had), seed 0 only for SIZE=4 (each control there costs as long as
+#            an RL run and its evaluations, about two hours; one control for equal time is
+#            what the results compare RL against).
 #   START    the supervised adapter folder (lm_warmstart --out) RL and the control start from:
 #            checkpoints/smollm2-kk-sft-compact for SIZE=3, the shipped checkpoints/smollm2-kk-sft-compact-396
 #            (the preset's model) otherwise.
