@@ -43,6 +43,9 @@ Design choices:
    0.5, AR's mean factor alpha * pi_old + 1 - alpha (Eq. 4), the share Lopti's first stage
    updates (Algorithm 1), and under dynamic sampling its kept groups and sampling rounds a
    step. "–" where a run did not log one (its method does not use it, or it predates it).
+7. **How far each policy moved**: the number of its greedy held-out responses identical,
+   token for token, to the start's (last column). Accuracy can stay level while a policy
+   changes (as many puzzles lost as gained); identical responses say it did not change there.
 """
 from __future__ import annotations
 
@@ -96,6 +99,16 @@ def correct_by_puzzle(folder, size: int = 3) -> dict[int, float] | None:
     if not path.exists():
         return None
     return {int(r["index"]): float(bool(r["correct"])) for r in load_jsonl(path)}
+
+
+def identical_responses(folder, start_folder, size: int = 3) -> int | None:
+    """Design choice 7: how many of the policy's greedy responses equal the start's, puzzle
+    by puzzle (None when either has no saved responses)."""
+    mine, start = (Path(f) / responses_file(size) for f in (folder, start_folder))
+    if not (mine.exists() and start.exists()):
+        return None
+    before = {int(r["index"]): r["response"] for r in load_jsonl(start)}
+    return sum(1 for r in load_jsonl(mine) if before.get(int(r["index"])) == r["response"])
 
 
 def assignment(record: dict) -> tuple:
@@ -242,6 +255,7 @@ def rows(out, puzzles_file=None, size: int = 3) -> list[dict]:
             row["vs_start"] = paired_diff(mine, start)
             row["lost"] = sum(1 for i, c in mine.items() if start.get(i) and not c)
             row["gained"] = sum(1 for i, c in mine.items() if c and i in start and not start[i])
+            row["identical"] = identical_responses(folder, out / "start", size)
         if (folder / "metrics.jsonl").exists():
             row["metrics"] = load_jsonl(folder / "metrics.jsonl")
             row["config"] = run_config(folder)
@@ -267,8 +281,9 @@ def markdown(table: list[dict], size: int = 3) -> str:
     lines = ["| policy | held-out greedy (400) | minus the start [paired 95% CI] (puzzles lost, gained) | "
              "format errors | same answer | held-out, solution not the commonest | "
              f"official {size}-person (100) | training minutes | RL steps | "
-             "mean reward: first k -> last k steps (k = 5, or half a shorter run) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "mean reward: first k -> last k steps (k = 5, or half a shorter run) | "
+             "greedy responses identical to the start's |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         d = r["vs_start"]
         diff = (f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
@@ -278,9 +293,10 @@ def markdown(table: list[dict], size: int = 3) -> str:
         prior = r.get("prior") or {}
         rest = f"{_f(prior.get('rest'))} (of {prior['rest_n']})" if prior.get("rest_n") else ""
         minutes = "" if r.get("minutes") is None else f"{r['minutes']:.1f}"
+        same = "" if r.get("identical") is None else f"{r['identical']} of {r['n']}"
         lines.append(f"| {r['name']} | {_f(r['heldout'])} | {diff} | {_f(r['format_error'])} | "
                      f"{_f(prior.get('same_answer'))} | {rest} | "
-                     f"{_f(r['official'])} | {minutes} | {len(ms) or ''} | {reward} |")
+                     f"{_f(r['official'])} | {minutes} | {len(ms) or ''} | {reward} | {same} |")
     return "\n".join(lines) + "\n"
 
 

@@ -96,6 +96,22 @@ def test_differences_pair_by_puzzle(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 0
 
 
+def test_identical_responses_count_the_puzzles_where_the_policy_did_not_change(tmp_path):
+    """Same accuracy is not the same policy: a run that loses one puzzle and gains another
+    is level (+0.000) but changed two responses; a copy of the start changed none."""
+    knights, other = (True, True, True), (True, False, True)
+    solutions = [knights, other, knights, other]
+    heldout = _puzzles(tmp_path / "set.jsonl", solutions)
+    _write_eval(tmp_path / "start", [True, False, True, True], answers=[knights, knights, knights, other])
+    _write_eval(tmp_path / "rl-s0", [False, True, True, True], answers=[other, other, knights, other])
+    _write_eval(tmp_path / "rl-s1", [True, False, True, True], answers=[knights, knights, knights, other])
+    rows = {r["name"]: r for r in summary.rows(tmp_path, heldout)}
+    assert rows["rl-s0"]["vs_start"]["mean"] == 0.0 and rows["rl-s0"]["identical"] == 2
+    assert rows["rl-s1"]["identical"] == 4 and "identical" not in rows["start"]
+    text = summary.markdown(list(rows.values()))
+    assert text.splitlines()[3].endswith("| 2 of 4 |") and text.splitlines()[2].endswith("|  |")
+
+
 def test_a_constant_answer_shows_as_the_answer_prior(tmp_path):
     """A policy that answers "all knights" everywhere is right exactly on the all-knight
     puzzles: its accuracy equals the constant-answer score, every answer is the same one,
