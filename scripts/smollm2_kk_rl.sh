@@ -34,8 +34,8 @@
 #            an RL run and its evaluations, about two hours; one control for equal time is
 #            what the results compare RL against).
 #   START    the supervised adapter folder (lm_warmstart --out) RL and the control start from:
-#            checkpoints/smollm2-kk-sft-compact for SIZE=3, the shipped checkpoints/smollm2-kk-sft-compact-396
-#            (the preset's model) otherwise.
+#            checkpoints/smollm2-kk-sft-compact for SIZE=3, the shipped
+#            checkpoints/smollm2-kk-sft-compact-396 (the preset's model) otherwise.
 #   RL_ARGS  more train.py options: the preset's lr, prompts a step and steps were 2e-4, 2
 #            and 30 for the first 3-person runs
 #            (RL_ARGS="--lr 2e-4 --prompts-per-step 2 --steps 30" reruns them).

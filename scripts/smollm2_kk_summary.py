@@ -101,14 +101,20 @@ def correct_by_puzzle(folder, size: int = 3) -> dict[int, float] | None:
     return {int(r["index"]): float(bool(r["correct"])) for r in load_jsonl(path)}
 
 
-def identical_responses(folder, start_folder, size: int = 3) -> int | None:
-    """Design choice 7: how many of the policy's greedy responses equal the start's, puzzle
-    by puzzle (None when either has no saved responses)."""
-    mine, start = (Path(f) / responses_file(size) for f in (folder, start_folder))
-    if not (mine.exists() and start.exists()):
+def response_texts(folder, size: int = 3) -> dict[int, str] | None:
+    """{puzzle index: the greedy response} from eval.py's saved responses."""
+    path = Path(folder) / responses_file(size)
+    return {int(r["index"]): r["response"] for r in load_jsonl(path)} if path.exists() else None
+
+
+def identical_responses(folder, start: dict[int, str] | None, size: int = 3) -> int | None:
+    """Design choice 7: how many of the policy's greedy responses equal ``start``'s
+    (response_texts of the start, read once per table), puzzle by puzzle; None when either
+    has no saved responses."""
+    mine = response_texts(folder, size)
+    if mine is None or start is None:
         return None
-    before = {int(r["index"]): r["response"] for r in load_jsonl(start)}
-    return sum(1 for r in load_jsonl(mine) if before.get(int(r["index"])) == r["response"])
+    return sum(1 for i, text in mine.items() if start.get(i) == text)
 
 
 def assignment(record: dict) -> tuple:
@@ -244,6 +250,7 @@ def rows(out, puzzles_file=None, size: int = 3) -> list[dict]:
     out = Path(out)
     puzzles = {int(p["index"]): p for p in load_jsonl(puzzles_file or HELDOUT_SET.format(n=size))}
     start = correct_by_puzzle(out / "start", size)
+    start_texts = response_texts(out / "start", size)
     table = []
     for name, folder in policy_folders(out):
         held, mine = _overall(folder, heldout_file(size)), correct_by_puzzle(folder, size)
@@ -255,7 +262,7 @@ def rows(out, puzzles_file=None, size: int = 3) -> list[dict]:
             row["vs_start"] = paired_diff(mine, start)
             row["lost"] = sum(1 for i, c in mine.items() if start.get(i) and not c)
             row["gained"] = sum(1 for i, c in mine.items() if c and i in start and not start[i])
-            row["identical"] = identical_responses(folder, out / "start", size)
+            row["identical"] = identical_responses(folder, start_texts, size)
         if (folder / "metrics.jsonl").exists():
             row["metrics"] = load_jsonl(folder / "metrics.jsonl")
             row["config"] = run_config(folder)
