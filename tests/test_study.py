@@ -829,3 +829,47 @@ def test_report_names_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
     assert G.portable("/elsewhere/main/runs/study-tiny-warm") == "runs/study-tiny-warm"
     assert G.portable(str(tmp_path / "elsewhere")) == ".../elsewhere"
     assert G.portable("--jobs") == "--jobs" and G.portable("runs/x") == "runs/x"
+
+
+# ---------------------------------------------------------------------------------------
+# The declared test (stats.sign_flip_p, tost_p, holm, verdict; docs/STUDY.md)
+# ---------------------------------------------------------------------------------------
+
+def test_sign_flip_p_is_exact_and_handles_ties_and_zero_variance():
+    # ten equal positive differences: only "all +" and "all -" are as extreme: 2 / 1024
+    assert stats.sign_flip_p([1.0] * 10) == 2 / 1024
+    assert stats.sign_flip_p([1.0] * 10, "greater") == 1 / 1024
+    assert stats.sign_flip_p([1.0] * 10, "less") == 1.0
+    # zero differences flip into themselves: four zeros and one -3 is one seed's worth
+    assert stats.sign_flip_p([0, 0, 0, 0, -3]) == 1.0
+    assert stats.sign_flip_p([0.0] * 5) == 1.0
+    # [1, 2, 3]: of 8 assignments, |mean| >= 2 for (+++) and (---) only
+    assert stats.sign_flip_p([1, 2, 3]) == 2 / 8
+    assert stats.sign_flip_p([]) is None
+    with pytest.raises(ValueError):
+        stats.sign_flip_p([1.0], "bigger")
+
+
+def test_tost_p_says_equivalent_only_inside_the_margin():
+    assert stats.tost_p([0.0] * 10, 2.0) == 1 / 1024          # every seed 0: inside by 2
+    assert stats.tost_p([3.0] * 10, 2.0) == 1.0               # every seed 3: outside
+    # a spread around 0 that reaches past the margin is not shown equivalent
+    assert stats.tost_p([0, 0, 0, 2, 3], 2.0) > 0.05
+    assert stats.tost_p([], 1.0) is None
+
+
+def test_holm_adjusts_in_order_and_keeps_none():
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1, made non-decreasing
+    assert stats.holm([0.01, 0.04, None, 0.03, 0.005]) == pytest.approx([0.03, 0.06, None, 0.06, 0.02])
+    assert stats.holm([0.5, 0.9]) == [1.0, 1.0]
+    assert stats.verdict(0.01, 0.9) == "different"
+    assert stats.verdict(0.2, 0.01) == "equivalent"
+    assert stats.verdict(0.2, 0.2) == "undetermined" and stats.verdict(None, None) == "undetermined"
+
+
+def test_declared_families_name_arms_the_grids_run():
+    from lopti_minimal.experiments import declared
+    arms = {v for g in ("main", "control", "criterion", "isolation") for v in G.GRIDS[g]}
+    for pairs in declared.FAMILIES.values():
+        assert len(pairs) == 4 and all(a in arms and b in arms for a, b in pairs)
+    assert set(declared.MARGINS) == set(declared.PRIMARY_MEASURES + declared.SECONDARY_MEASURES)

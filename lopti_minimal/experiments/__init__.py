@@ -8,6 +8,7 @@
                          equal budgets, one process or several
                          (python -m lopti_minimal.experiments.study)
     stats.py             Student-t intervals and paired differences (no scipy)
+    declared.py          the ten-seed study's declared test: families, measures, margins
     aggregate.py         finished runs -> one JSON of tables
     report.py            that JSON -> docs/RESULTS.md (a row per arm), its full tables, figures
     mechanism_report.py  the mechanism's per-step metrics in the report

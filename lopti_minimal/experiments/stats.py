@@ -8,6 +8,11 @@ Design choices:
 3. detectable: the smallest difference a paired comparison of n seeds would detect.
 4. No scipy dependency: the t quantiles come from a table (n <= 31) and an asymptotic
    expansion beyond it (study.py choice 5).
+5. The declared test of the study's primary family (docs/STUDY.md, "The declared test"):
+   an exact paired sign-flip test (sign_flip_p: every one of the 2^n sign assignments of
+   the per-seed differences, so ties and zero variance need no special case), Holm's step-down
+   adjustment within a family (holm), and equivalence within a margin by two one-sided
+   sign-flip tests (tost_p); verdict() turns the adjusted p values into words.
 """
 from __future__ import annotations
 
@@ -91,3 +96,74 @@ def paired_diff(a_by_seed: dict, b_by_seed: dict) -> dict:
     return {**d, "seeds": seeds, "base_mean": base, "rel": rel(d["mean"]), "rel_lo": rel(d["lo"]),
             "rel_hi": rel(d["hi"]), "excludes_zero": excl}
 
+
+
+# ---------------------------------------------------------------------------------------
+# The declared test (choice 5): sign-flip, Holm, two one-sided tests
+# ---------------------------------------------------------------------------------------
+
+# Means within this of the observed one count as "as extreme": the sums of a few decimals
+# in another order differ in the last bits.
+_TIE = 1e-9
+
+
+def _flipped_means(d: np.ndarray) -> np.ndarray:
+    """The mean of s * d for every sign vector s in {-1, +1}^n (2^n values; n <= 20)."""
+    n = len(d)
+    if n > 20:
+        raise ValueError(f"an exact sign-flip test enumerates 2^n assignments: n = {n} is too many")
+    signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)[None, :]) & 1)
+    return (signs * d[None, :]).mean(1)
+
+
+def sign_flip_p(diffs, alternative: str = "two-sided") -> float | None:
+    """Exact paired sign-flip (randomisation) test of "the per-seed differences are
+    symmetric about 0": the share of the 2^n sign assignments whose mean is at least as
+    extreme as the observed mean. A zero difference flips into itself, so ties and a zero
+    variance need no special case (all zeros: p = 1). alternative: "two-sided", "greater"
+    (the mean is above 0) or "less". None for no differences."""
+    d = np.asarray(list(diffs), dtype=float)
+    if len(d) == 0:
+        return None
+    m, means = float(d.mean()), _flipped_means(d)
+    if alternative == "two-sided":
+        return float(np.mean(np.abs(means) >= abs(m) - _TIE))
+    if alternative == "greater":
+        return float(np.mean(means >= m - _TIE))
+    if alternative == "less":
+        return float(np.mean(means <= m + _TIE))
+    raise ValueError(f"alternative {alternative!r}: two-sided, greater or less")
+
+
+def tost_p(diffs, margin: float) -> float | None:
+    """Equivalence within +-margin by two one-sided sign-flip tests: H0 "mean <= -margin"
+    (the differences + margin are symmetric about 0, rejected when their mean is large) and
+    H0 "mean >= +margin" (the differences - margin, rejected when small). The larger of the
+    two p values: below alpha, the mean difference lies within the margin."""
+    d = np.asarray(list(diffs), dtype=float)
+    if len(d) == 0:
+        return None
+    return max(sign_flip_p(d + margin, "greater"), sign_flip_p(d - margin, "less"))
+
+
+def holm(pvalues) -> list:
+    """Holm's step-down adjustment of a family of p values (None stays None): the i-th
+    smallest of k is multiplied by k - i + 1, capped at 1, and made non-decreasing in that
+    order. Reject where the adjusted p < alpha: the family-wise error is at most alpha."""
+    items = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    k, out, run = len(items), list(pvalues), 0.0
+    for rank, (p, i) in enumerate(items):
+        run = max(run, min(1.0, (k - rank) * p))
+        out[i] = run
+    return out
+
+
+def verdict(p_holm: float | None, tost_holm: float | None, alpha: float = 0.05) -> str:
+    """The declared words (docs/STUDY.md): "different" where the Holm-adjusted two-sided p
+    is below alpha, else "equivalent" where the Holm-adjusted equivalence p is, else
+    "undetermined"."""
+    if p_holm is not None and p_holm < alpha:
+        return "different"
+    if tost_holm is not None and tost_holm < alpha:
+        return "equivalent"
+    return "undetermined"
