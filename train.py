@@ -46,8 +46,11 @@ def parse_args(argv=None):
     from lopti_minimal.config import PRESETS, add_options
     ap = argparse.ArgumentParser(description="GRPO / AR / Lopti RL on Knights & Knaves.",
                                  formatter_class=HelpFormatter)
-    ap.add_argument("--preset", default="cpu-tiny", help=f"one of: {', '.join(PRESETS)}")
+    ap.add_argument("--preset", help=f"one of: {', '.join(PRESETS)} (default: cpu-tiny)")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue this run after its latest checkpoint")
+    ap.add_argument("--allow-changed-data", action="store_true",
+                    help="with --resume: go on although the RL data file changed since the run began "
+                         "(recorded in run.json)")
     ap.add_argument("--rebuild-warmstart", action="store_true",
                     help="re-create checkpoints/tiny-warm by supervised warm start first (run "
                          "again after an interruption: it goes on where it stopped)")
@@ -60,23 +63,44 @@ def parse_args(argv=None):
     ap.error = one_line_error
     a = ap.parse_args(argv)
     from lopti_minimal.config import Range, TrainError, check_range
-    try:        # the run options are checked by config.validate; this one is the command's
+    try:        # the run options are checked by config.validate; these are the command's
         check_range("warmstart-minutes", a.warmstart_minutes, Range(0, ends="()"))
+        check_command(a)
     except TrainError as e:
         ap.error(str(e))
     return a
 
 
+def check_command(a) -> None:
+    """Options of the command that do nothing together are refused, not dropped: a resume
+    continues its run where it is, with its own preset and warm start."""
+    from lopti_minimal.config import TrainError
+    if a.warmstart_minutes is not None and not a.rebuild_warmstart:
+        raise TrainError("--warmstart-minutes bounds --rebuild-warmstart: give both, or neither")
+    if a.allow_changed_data and not a.resume:
+        raise TrainError("--allow-changed-data is for --resume (a new run records its data)")
+    if a.resume:
+        if a.rebuild_warmstart:
+            raise TrainError("--rebuild-warmstart makes a new warm start; --resume continues a run "
+                             "from its own: run them apart")
+        if a.run_dir is not None and os.path.abspath(a.run_dir) != os.path.abspath(a.resume):
+            raise TrainError(f"--resume {a.resume} continues in its own folder; --run-dir {a.run_dir} "
+                             "would be ignored (copy the folder first to continue it elsewhere)")
+
+
 def build_config(a):
     """The TrainConfig of the command line: a preset, then the options given."""
-    from lopti_minimal.config import make_config, overrides
+    from lopti_minimal.config import TrainError, make_config, overrides
     from lopti_minimal.plumbing import resume_config
     if a.resume:
         cfg = resume_config(a.resume, steps=a.steps, progress=a.progress is not False,
                             on_nonfinite=a.on_nonfinite, threads=a.threads)
         refuse_changes_on_resume(cfg, overrides(a))
+        if a.preset is not None and a.preset != cfg.preset:
+            raise TrainError(f"--resume continues {cfg.run_dir} as it was saved; --preset {a.preset} "
+                             f"(saved: {cfg.preset}) would change it: start a new run (--run-dir) to change it")
         return cfg
-    return make_config(a.preset, **overrides(a))
+    return make_config(a.preset or "cpu-tiny", **overrides(a))
 
 
 # What --resume may set: the run's length and how it runs here, none of which changes a step.
@@ -125,13 +149,17 @@ def ensure_model(cfg, a) -> None:
 def main(argv=None) -> int:
     a = parse_args(argv)
     from lopti_minimal.config import TrainError
+    from lopti_minimal.plumbing import RunFinished
     from lopti_minimal.precision import NonFiniteError
     from lopti_minimal.trainer import train
     try:
         cfg = build_config(a)
         if not a.resume:
             ensure_model(cfg, a)
-        result = train(cfg, resume=bool(a.resume))
+        result = train(cfg, resume=bool(a.resume), allow_changed_data=a.allow_changed_data)
+    except RunFinished as e:             # nothing written, nothing redone
+        print(e)
+        return 0
     except TrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

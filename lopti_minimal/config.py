@@ -519,3 +519,18 @@ def validate(cfg: TrainConfig) -> None:
         raise TrainError(f"heldout-steps must be >= 1, got {cfg.heldout_steps}")
     if cfg.on_nonfinite not in ("stop", "skip"):
         raise TrainError(f"on-nonfinite must be stop or skip, got {cfg.on_nonfinite!r}")
+    # --- options that would be accepted and recorded but do nothing: refused instead
+    if not cfg.uses_lopti:
+        for name, faithful in (("lopti_optimizer", "shared"), ("lopti_split", "probability"),
+                               ("lopti_order", "low_first")):
+            if getattr(cfg, name) != faithful:
+                raise TrainError(f"--{name.replace('_', '-')} {getattr(cfg, name)} applies to Lopti "
+                                 f"(--method lopti or ar_lopti); --method {cfg.method} would ignore it")
+    # --- the evaluation sets exist, checked now rather than after training
+    if cfg.final_eval or cfg.eval_every or cfg.eval_before:
+        from .task.kk import OFFICIAL_DIR
+        missing = [n for n in cfg.eval_sizes if not (OFFICIAL_DIR / f"kk_test_{n}ppl.jsonl").exists()]
+        if missing:
+            have = sorted(int(p.name[8:-9]) for p in OFFICIAL_DIR.glob("kk_test_*ppl.jsonl"))
+            raise TrainError(f"eval-sizes {','.join(map(str, missing))}: the official test sets hold "
+                             f"{','.join(map(str, have))} people (--no-eval skips the evaluation)")

@@ -195,6 +195,10 @@ def resume_config(run_dir, steps: int | None = None, progress: bool | None = Non
     return cfg
 
 
+class RunFinished(Exception):
+    """--resume of a run that is finished at the length asked: nothing to do (not an error)."""
+
+
 class Run:
     """One run's directory and everything the loop writes into it (runs.py's layout).
 
@@ -202,8 +206,8 @@ class Run:
     `start` resumes from the latest checkpoint or starts the directory; `begin` opens the
     logs; `after_step` logs, evaluates and checkpoints; `finish` writes the end."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False, log=None):
-        self.cfg, self.resume = cfg, resume
+    def __init__(self, cfg: TrainConfig, resume: bool = False, log=None, allow_changed_data: bool = False):
+        self.cfg, self.resume, self.allow_changed_data, self.data_changed = cfg, resume, allow_changed_data, None
         self.log = log or (lambda s: tqdm.write(s, file=sys.stdout))
         if resume:
             read_run_config(cfg.run_dir)          # TrainError unless it is one of our runs
@@ -227,6 +231,40 @@ class Run:
         self.peak_rss_gb = 0.0
         # read now, so that a state file not in plain-data form is refused before a model loads
         self.checkpoint = self.latest_checkpoint() if resume else None
+        if resume:
+            self.check_length()
+
+    def check_length(self) -> None:
+        """A resume may extend a run, never shrink it: --steps below the latest checkpoint
+        would write that checkpoint's weights under an earlier step's name (TrainError). A
+        finished run resumed at its own length has nothing to do (RunFinished): nothing is
+        written, its final evaluation is not redone."""
+        done = self.checkpoint[0] if self.checkpoint else 0
+        if self.cfg.steps < done:
+            raise TrainError(f"--steps {self.cfg.steps}: {self.dir} has a checkpoint at step {done}; "
+                             "a resume can extend a run, not shrink it (start a new run, or evaluate "
+                             f"a checkpoint with python eval.py --model {self.dir / runs.checkpoints(self.dir)[-1][1].name})")
+        if (self.cfg.steps == done and (self.dir / "final").is_dir() and (self.dir / "summary.json").exists()
+                and (self.dir / "eval_final.json").exists() == bool(self.cfg.final_eval)):
+            raise RunFinished(f"{self.dir} finished at step {done}: nothing to do (--steps N > {done} "
+                              "extends it)")
+
+    def check_data(self, data_path: str) -> str:
+        """The RL data's content hash (runs.file_sha256). On resume, equal to the one the run
+        recorded (run.json "data_sha256"), else TrainError: other prompts under the same
+        run would no longer be the run it says it is. allow_changed_data accepts the change;
+        the resumed session records it. Runs from before the record: not checked."""
+        digest = runs.file_sha256(data_path)
+        if self.resume:
+            saved = json.loads((self.dir / "run.json").read_text())
+            known = saved.get("data_sha256")
+            if known and known != digest:
+                if not self.allow_changed_data:
+                    raise TrainError(f"the RL data {data_path} changed since {self.dir} began ({known[:19]} -> "
+                                     f"{digest[:19]}): restore it, start a new run, or pass "
+                                     "--allow-changed-data (recorded in run.json)")
+                self.data_changed = {"data_changed_from": known, "data_sha256": digest}
+        return digest
 
     def latest_checkpoint(self) -> tuple | None:
         """(step, folder, its trainer_state.pt) of the run's latest checkpoint, or None (the
@@ -243,14 +281,16 @@ class Run:
             raise TrainError(f"cannot resume: {e}") from None
         return step, path, state
 
-    def start(self, model, optimizer, data_path: str) -> int:
+    def start(self, model, optimizer, data_path: str, data_sha256: str | None = None) -> int:
         """Resume: the latest checkpoint's policy, optimizer and RNG states, the logs cut
-        back to it. Otherwise a new directory with run.json. Returns the first step."""
+        back to it. Otherwise a new directory with run.json (the data's path and content
+        hash: check_data). Returns the first step."""
         cfg, run_dir = self.cfg, self.dir
         if not self.resume:
             run_dir.mkdir(parents=True, exist_ok=True)
             runs.write_json(run_dir / "run.json",
                             {"kind": runs.RUN_MARKER, "config": runs.config_to_json(cfg), "data": data_path,
+                             "data_sha256": data_sha256,
                              "created": time.strftime("%Y-%m-%d %H:%M:%S"), "code": runs.code_version(),
                              "machine": runs.machine_info()})
             return 0
@@ -259,7 +299,7 @@ class Run:
             self.restore(model, optimizer, path, state)
             self.checkpoint = None                # its optimizer state is in the optimizer now
             self.log(f"[resume] {path} (step {self.start_step})")
-        runs.record_session(run_dir, self.start_step)
+        runs.record_session(run_dir, self.start_step, self.data_changed)
         for name in ("metrics.jsonl", "evals.jsonl"):
             runs.truncate_jsonl(run_dir / name, self.start_step)
         return self.start_step

@@ -269,14 +269,16 @@ def save_checkpoint(run_dir, step: int, model, tokenizer, optimizer, config: dic
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:
-    """Drop lines logged after the checkpoint we resume from (they will be redone), so the
-    resumed run's log equals an uninterrupted run's. Atomic rewrite."""
+    """Drop lines logged after the checkpoint we resume from (they will be redone), and the
+    final evaluation's line (a resumed run ends in its own, so a run has one "final" line),
+    so the resumed run's log equals an uninterrupted run's. Atomic rewrite."""
     if not path.exists():
         return
     keep = []
     for line in path.read_text().splitlines():
         try:
-            if json.loads(line).get("step", 0) <= max_step:
+            d = json.loads(line)
+            if d.get("step", 0) <= max_step and not d.get("final"):
                 keep.append(line)
         except ValueError:          # a half-written last line after kill -9
             pass
@@ -285,14 +287,20 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
     os.replace(tmp, path)
 
 
-def record_session(run_dir, step: int) -> None:
+def record_session(run_dir, step: int, data_changed: dict | None = None) -> None:
     """A resumed run appends its session to run.json["resumed"] (from ``step``, when, the
     code and the machine), so that a run continued on another CPU, torch or thread count
-    says so: the study pairs runs by machine (experiments/grid.py, choice 4)."""
+    says so: the study pairs runs by machine (experiments/grid.py, choice 4). A change of
+    the RL data that the resume was allowed (``data_changed``: the old and new hashes) is
+    recorded in the session, and the new hash becomes the run's."""
     path = Path(run_dir) / "run.json"
     saved = json.loads(path.read_text())
-    saved.setdefault("resumed", []).append({"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                            "code": code_version(), "machine": machine_info()})
+    session = {"step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "code": code_version(),
+               "machine": machine_info()}
+    if data_changed:
+        session.update(data_changed)
+        saved["data_sha256"] = data_changed["data_sha256"]
+    saved.setdefault("resumed", []).append(session)
     write_json(path, saved)
 
 
@@ -305,9 +313,21 @@ def write_json(path, obj) -> None:
     os.replace(tmp, path)
 
 
+def file_sha256(path) -> str:
+    """"sha256:<hex>" of a file's bytes: run.json records each input file's (the RL data), so
+    that --resume can tell when it changed under the run."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
 def read_jsonl(path) -> list[dict]:
     """A log that append_jsonl writes (metrics.jsonl, evals.jsonl, study_log.jsonl): its
-    objects in order; [] before the first line, and a half-written last line (a process
+    objects in order, each non-finite value that append_jsonl wrote as null a float again
+    (`restore_nonfinite`); [] before the first line, and a half-written last line (a process
     killed mid-write) left out, as truncate_jsonl leaves it out on --resume."""
     path = Path(path)
     if not path.exists():
@@ -315,13 +335,62 @@ def read_jsonl(path) -> list[dict]:
     out = []
     for line in path.read_text().splitlines():
         try:
-            out.append(json.loads(line))
+            out.append(restore_nonfinite(json.loads(line)))
         except ValueError:
             pass
     return out
 
 
+# A .jsonl line is strict JSON (RFC 8259 has no NaN or Infinity, which strict readers refuse):
+# a non-finite number is written as null, and this field of the line says where and what it
+# was ({"reward": "nan", "bin_rose.2": "inf"}), so read_jsonl gives the float back.
+NONFINITE_FIELD = "nonfinite_values"
+
+
+def _strict(value, where: str, found: dict):
+    if isinstance(value, float) and not np.isfinite(value):
+        found[where] = "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v, f"{where}.{k}" if where else str(k), found) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v, f"{where}.{i}", found) for i, v in enumerate(value)]
+    return value
+
+
+def strict_json_line(obj: dict) -> str:
+    """``obj`` as one line of strict JSON: non-finite floats as null, listed in
+    NONFINITE_FIELD."""
+    found: dict = {}
+    clean = _strict(obj, "", found)
+    if found:
+        clean[NONFINITE_FIELD] = found
+    return json.dumps(clean, allow_nan=False)
+
+
+def restore_nonfinite(obj: dict) -> dict:
+    """The inverse of strict_json_line on a parsed line: each value NONFINITE_FIELD names is
+    its float again (the field itself stays, so a reader can tell)."""
+    found = obj.get(NONFINITE_FIELD) if isinstance(obj, dict) else None
+    for where, what in (found or {}).items():
+        *parents, last = where.split(".")
+        node = obj
+        try:
+            for k in parents:
+                node = node[int(k)] if isinstance(node, list) else node[k]
+            if isinstance(node, list):
+                node[int(last)] = float(what)
+            else:
+                node[last] = float(what)
+        except (KeyError, IndexError, ValueError, TypeError):
+            pass                       # a line edited by hand: leave it as it is
+    return obj
+
+
 def append_jsonl(path: Path, obj: dict) -> None:
+    """One strict JSON line (strict_json_line), flushed, so a kill leaves at most
+    a half-written last line (read_jsonl and truncate_jsonl skip it)."""
+    line = strict_json_line(obj)
     with open(path, "a") as f:
-        f.write(json.dumps(obj) + "\n")
+        f.write(line + "\n")
         f.flush()

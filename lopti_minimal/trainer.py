@@ -200,16 +200,18 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
     return plumbing.step_metrics(cfg, step, sb, stages, probe, fix, seconds)
 
 
-def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> dict:
+def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None, allow_changed_data: bool = False) -> dict:
     """Run RL, or with ``resume=True`` continue the run in cfg.run_dir (cfg from
-    ``plumbing.resume_config``) after its latest complete checkpoint.
-    Returns {"run_dir", "metrics": [...], "final_eval", "paths", "config"}.
+    ``plumbing.resume_config``) after its latest complete checkpoint (a finished run at its
+    length: plumbing.RunFinished; RL data that changed since: TrainError unless
+    ``allow_changed_data``). Returns {"run_dir", "metrics": [...], "final_eval", "paths", "config"}.
     reward_fn(text, record) -> float: the Logic-RL total by default (tests plug in others).
     """
     # plumbing: check everything before anything is loaded or written; data first (cheap,
     # and a bad data setting fails before any model loads)
-    run = plumbing.Run(cfg, resume, log)
+    run = plumbing.Run(cfg, resume, log, allow_changed_data)
     records, data_path = plumbing.rl_prompt_set(cfg, cfg.progress)
+    data_sha256 = run.check_data(data_path)
 
     # --- paper: the policy, and pi_ref = the frozen *initial* policy (the KL term of
     #     Eq. 1; always cfg.model, also on resume) ---
@@ -220,7 +222,7 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None) -> d
     optimizer = precision.build_optimizer(model, cfg)
 
     # plumbing: resume from the latest checkpoint, or start the run directory
-    start = run.start(model, optimizer, data_path)
+    start = run.start(model, optimizer, data_path, data_sha256)
     records, prompt_ids = encode_prompts(records, tokenizer, cfg.prompt_style, cfg.max_prompt_len)
     if not records:
         raise TrainError(f"no RL prompt fits max-prompt-len {cfg.max_prompt_len}: raise it")

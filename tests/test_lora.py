@@ -252,3 +252,26 @@ def test_an_adapter_folder_merges_in_float32(nano_dir, tmp_path):
     bf16, _ = load_model_and_tokenizer(str(tmp_path / "adapter"), dtype=torch.bfloat16, device="cpu")
     merged = merged_copy(trained).to(torch.bfloat16).state_dict()
     assert all(torch.equal(v, merged[k]) for k, v in bf16.state_dict().items())
+
+
+def test_the_adapter_loader_merges_in_float32_for_a_bf16_load(nano_dir, tmp_path, monkeypatch):
+    """lora.load_adapter_folder hands peft a float32 model whatever the load dtype, so that
+    W + s * B A is computed and summed in float32 and rounded once. On the CPU peft itself
+    merges a bf16 layer through float32 (the weights alone cannot tell), on a GPU it does not
+    (B A and the sum round in bf16): the dtype peft is given is what this test pins, with
+    the loaded weights equal to the float32 merge rounded once."""
+    import peft
+    from lopti_minimal.lora import save_adapter
+    from lopti_minimal.models import load_model_and_tokenizer
+    folder, base, trained, tok, b, cfg = bf16_base_and_update(nano_dir, tmp_path)
+    save_adapter(trained, str(tmp_path / "adapter"), base=str(folder), dtype=torch.float32)
+    seen, real = [], peft.get_peft_model
+
+    def spy(model, config, *args, **kwargs):
+        seen.append(next(model.parameters()).dtype)
+        return real(model, config, *args, **kwargs)
+    monkeypatch.setattr(peft, "get_peft_model", spy)
+    loaded, _ = load_model_and_tokenizer(str(tmp_path / "adapter"), dtype=torch.bfloat16, device="cpu")
+    assert seen == [torch.float32] and next(loaded.parameters()).dtype == torch.bfloat16
+    once = merged_copy(trained).to(torch.bfloat16).state_dict()
+    assert all(torch.equal(v, once[k]) for k, v in loaded.state_dict().items())

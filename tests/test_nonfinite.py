@@ -6,6 +6,7 @@ on_nonfinite "skip" the step makes no update, its metrics line says so, and the 
 Inside the update, a NaN loss or gradient norm takes no optimizer step; the one saver refuses
 non-finite weights."""
 import copy
+import math
 import json
 from pathlib import Path
 
@@ -96,6 +97,12 @@ def test_skip_makes_no_update_on_the_step_and_logs_it(nano_dir, tmp_path):
     assert any("skipped: reward: nan in 8 of 8" in s for s in logged)
     run = Path(cfg.run_dir)
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[1])["nonfinite"] == ["reward: nan in 8 of 8"]
+    # strict JSON (no bare NaN, which strict readers refuse): null, and a field saying what it was
+    def refuse(c):
+        raise ValueError(f"not strict JSON: {c}")
+    strict = [json.loads(line, parse_constant=refuse) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert strict[1]["reward"] is None and strict[1][runs.NONFINITE_FIELD]["reward"] == "nan"
+    assert math.isnan(runs.read_jsonl(run / "metrics.jsonl")[1]["reward"])     # the readers get NaN back
     w1, w2, w3 = (weights(run / f"ckpt-00000{k}") for k in (1, 2, 3))
     assert all(torch.equal(w1[k], w2[k]) for k in w1)            # step 2 changed nothing
     assert any(not torch.equal(w2[k], w3[k]) for k in w2)        # step 3 trained

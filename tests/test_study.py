@@ -873,3 +873,15 @@ def test_declared_families_name_arms_the_grids_run():
     for pairs in declared.FAMILIES.values():
         assert len(pairs) == 4 and all(a in arms and b in arms for a, b in pairs)
     assert set(declared.MARGINS) == set(declared.PRIMARY_MEASURES + declared.SECONDARY_MEASURES)
+
+
+def test_the_report_goes_into_the_study_folder_unless_named(tmp_path, fake_model):
+    """After training, the report and its figures go to OUT (a study elsewhere never
+    rewrites the checkout's docs/RESULTS.md or docs/figures); the tracked report is written
+    only where --report names it."""
+    out = synthetic_study(tmp_path / "study", fake_model)
+    tracked = {p: p.stat().st_mtime_ns for p in [ROOT / "docs" / "RESULTS.md", *(ROOT / "docs" / "figures").iterdir()]}
+    a = S.parse_args(["--out", str(out)])
+    S.write_outputs(a, out)
+    assert (out / "RESULTS.md").exists() and (out / "figures").is_dir() and (out / "study_results.json").exists()
+    assert {p: p.stat().st_mtime_ns for p in tracked} == tracked

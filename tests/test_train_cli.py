@@ -63,6 +63,10 @@ def test_ci_preset_end_to_end(nano_dir, tmp_path):
     (["--rl-sizes", "1"], "2..8"),
     (["--data", "/nonexistent/puzzles.jsonl"], "cannot read"),
     (["--model", "/nonexistent/model"], "not found"),
+    (["--eval-sizes", "8"], "official test sets hold 3,4,5,6,7"),       # refused before training
+    (["--method", "grpo", "--lopti-optimizer", "per_stage"], "applies to Lopti"),
+    (["--method", "ar", "--lopti-split", "random"], "applies to Lopti"),
+    (["--warmstart-minutes", "5"], "give both, or neither"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(args, words, tmp_path, capsys, nano_dir):
     run = tmp_path / "run"

@@ -62,8 +62,6 @@ from .plan import (RunSpec, check_existing, dry_run, estimate, plan_runs, run_co
 from .report import format_hours, write_report
 
 DEFAULT_OUT = "runs/study"
-DEFAULT_REPORT = "docs/RESULTS.md"
-DEFAULT_FIGURES = "docs/figures"
 DEFAULT_HELDOUT = "data/heldout3.jsonl"
 # Held-out accuracy along the way, at fixed budgets: after these RL steps of every run (the
 # trainer's evaluation, TrainConfig.heldout_steps), and at the end (evaluate_heldout).
@@ -238,6 +236,47 @@ def _execute_in_worker(cfg_json: dict, status: str, train_fn, heldout) -> dict:
     return execute(config_from_json(cfg_json), status, train_fn, heldout)
 
 
+# How often a worker checks that the study that started it is alive (seconds).
+PARENT_CHECK_S = 1.0
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Each worker process: SIGTERM stops its run like Ctrl-C (execute records the session,
+    the run resumes from its checkpoint), and a thread ends the worker within PARENT_CHECK_S
+    once the study's process is gone (killed with SIGKILL, it could not stop its workers):
+    no run goes on, and no process stays behind, without the study that owns it."""
+    import threading
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(143)            # the parent is gone: its runs' checkpoints are complete files
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _stop_workers(pool, grace_s: float = 10.0) -> None:
+    """Stop the runs in flight at once (the first Ctrl-C or SIGTERM): SIGTERM to every
+    worker, SIGKILL to any still alive after ``grace_s``. Further signals are ignored while
+    the pool shuts down, so a second Ctrl-C cannot leave it half closed."""
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        procs = list((getattr(pool, "_processes", None) or {}).values())   # CPython's {pid: Process}
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train_fn=None, jobs: int = 1,
               threads: int | None = None, progress: bool = True, echo=print, argv=None,
               eval_warm_start: bool = False, heldout: str | None = None) -> dict:
@@ -294,7 +333,9 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
             import multiprocessing as mp
             from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
             queue = iter(todo)
-            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                       initargs=(os.getpid(),))
+            with pool:
                 def submit_next(running: set) -> None:
                     # One run per free worker, submitted when it frees: the pool forwards
                     # submitted calls to its workers ahead of time, and a forwarded call
@@ -319,11 +360,9 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
                             bar.update(1)
                             submit_next(running)
                 except KeyboardInterrupt:
-                    # No run is queued (see submit_next): leaving the `with` waits for the runs
-                    # in flight, which stop with the interrupt when it reaches their process too
-                    # (Ctrl-C in a terminal does; a `kill` of this process alone lets them
-                    # finish) and resume next time.
-                    pool.shutdown(wait=True, cancel_futures=True)
+                    # No run is queued (see submit_next); the runs in flight stop now and
+                    # resume from their latest checkpoint next time.
+                    _stop_workers(pool)
                     raise
     finally:
         bar.close()
@@ -381,7 +420,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         prog="python -m lopti_minimal.experiments.study",
         description="GRPO / AR / Lopti / AR+Lopti from one warm start, equal budgets, several seeds; "
-                    "writes docs/RESULTS.md.", formatter_class=HelpFormatter)
+                    "writes OUT/RESULTS.md.", formatter_class=HelpFormatter)
     ap.add_argument("--grid", nargs="+", default=["main", "control"], help=f"grids: {', '.join(GRIDS)}, all")
     ap.add_argument("--heldout", default=DEFAULT_HELDOUT,
                     help="K&K file every run's final policy is also evaluated on ('' for none)")
@@ -400,10 +439,9 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=DEFAULT_OUT, help="study folder: OUT/<preset>/<variant>-s<seed>/")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
     ap.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
-    ap.add_argument("--report", help=f"markdown report to (re)write (after training: {DEFAULT_REPORT}; "
-                    "--report-only: OUT/RESULTS.md)")
-    ap.add_argument("--figures", help=f"folder for the report's figures (after training: {DEFAULT_FIGURES}; "
-                    "--report-only: OUT/figures)")
+    ap.add_argument("--report", help="markdown report to (re)write (default OUT/RESULTS.md; the shipped "
+                    "report is docs/RESULTS.md, written only when named here)")
+    ap.add_argument("--figures", help="folder for the report's figures (default OUT/figures)")
     ap.add_argument("--tables", help="markdown file for every table in full, which the report links "
                     "(default: OUT/RESULTS_TABLES.md; with --report-only and --report: beside the report, "
                     "REPORT_TABLES.md)")
@@ -464,14 +502,12 @@ def main(argv=None) -> int:
 
 
 def write_outputs(a, out: Path) -> None:
-    """The report of the runs in OUT (design choice 6): after training, docs/RESULTS.md,
-    OUT/RESULTS_TABLES.md and OUT/study_results.json; with --report-only only what is asked,
-    OUT/RESULTS.md and OUT/RESULTS_TABLES.md unless --report / --figures / --tables say
-    otherwise. The report names its own regenerating command, with portable paths."""
-    default_report, default_figures = ((out / "RESULTS.md", out / "figures") if a.report_only
-                                       else (_abs(DEFAULT_REPORT), _abs(DEFAULT_FIGURES)))
-    report = _abs(a.report) if a.report else default_report
-    figures = _abs(a.figures) if a.figures else default_figures
+    """The report of the runs in OUT (design choice 6): OUT/RESULTS.md, OUT/figures and
+    OUT/RESULTS_TABLES.md unless --report / --figures / --tables say otherwise (a tracked
+    file such as docs/RESULTS.md is written only when named), and after training
+    OUT/study_results.json. The report names its own regenerating command, with portable paths."""
+    report = _abs(a.report) if a.report else out / "RESULTS.md"
+    figures = _abs(a.figures) if a.figures else out / "figures"
     if a.tables:
         tables = _abs(a.tables)
     elif a.report_only and a.report:          # --report-only writes into OUT only what it is asked

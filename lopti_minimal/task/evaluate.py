@@ -37,31 +37,69 @@ from ..batch import decode_responses
 from ..models import adds_bos, kk_prompt
 from ..precision import free_memory
 from ..sampling import sample_groups
-from .kk import load_jsonl
-from .reward import score_response
+from .kk import load_jsonl_lines
+from .reward import parse_ground_truth, score_response
 
 
 def record_size(r: dict) -> int:
     return int(r["n_people"]) if "n_people" in r else len(r["names"])
 
 
-def check_records(records: list[dict], source: str = "data") -> None:
-    """Every record needs the quiz and the solution text the reward compares with."""
+def record_problem(r) -> str | None:
+    """What is wrong with one K&K record, field by field, or None: the quiz, the solution
+    text the reward compares with (parse_ground_truth), and, where given, the names, the
+    number of people and the solution, which must all agree."""
+    if not isinstance(r, dict):
+        return f"a K&K record is a JSON object, not {type(r).__name__}"
+    if not isinstance(r.get("quiz"), str) or not r["quiz"].strip():
+        return "quiz: missing or empty"
+    if not isinstance(r.get("solution_text_format"), str):
+        return "solution_text_format: missing (the answer the reward compares with)"
+    truth = parse_ground_truth(r["solution_text_format"])
+    if not truth:
+        return "solution_text_format: no '(1) Name is a knight|knave' line"
+    if "n_people" not in r and "names" not in r:
+        return "needs n_people or names"
+    names = r.get("names")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(x, str) and x for x in names) \
+                or len(set(names)) != len(names):
+            return "names: a list of distinct, non-empty names"
+        if set(truth) != set(names):
+            return f"solution_text_format names {sorted(truth)}, names are {sorted(names)}"
+    n = r.get("n_people", len(truth))
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return f"n_people: a positive integer, got {n!r}"
+    if n != len(truth) or (names is not None and n != len(names)):
+        return f"n_people {n} but {len(truth)} people in solution_text_format"
+    sol = r.get("solution")
+    if sol is not None:
+        if not isinstance(sol, list) or len(sol) != n or not all(isinstance(x, bool) for x in sol):
+            return f"solution: {n} true/false values (one per person), got {sol!r}"[:160]
+        if names is not None and [truth[x] == "knight" for x in names] != sol:
+            return "solution disagrees with solution_text_format"
+    return None
+
+
+def check_records(records: list[dict], source: str = "data", lines: list[int] | None = None) -> None:
+    """Every record checked by record_problem; the message names the record's line in the
+    file (``lines``, as load_jsonl_lines reads them; else its position)."""
     if not records:
         raise ValueError(f"{source}: no records")
     for i, r in enumerate(records):
-        if not isinstance(r, dict) or "quiz" not in r or "solution_text_format" not in r \
-                or ("n_people" not in r and "names" not in r):
-            raise ValueError(f"{source}: record {i + 1} is not a K&K record "
-                             "(needs quiz, solution_text_format and n_people)")
+        why = record_problem(r)
+        if why:
+            where = f"line {lines[i]}" if lines else f"record {i + 1}"
+            raise ValueError(f"{source}: {where} is not a K&K record: {why}")
 
 
 def read_records(path) -> list[dict]:
     """The K&K records of a JSON Lines file (``--data`` of train.py and eval.py), checked;
     anything unreadable is a ValueError of one line: "cannot read K&K data PATH: why"."""
     try:
-        records = load_jsonl(path)
-        check_records(records, str(path))
+        numbered = load_jsonl_lines(path)
+        records = [r for _, r in numbered]
+        check_records(records, str(path), [no for no, _ in numbered])
     except (OSError, ValueError, UnicodeDecodeError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"cannot read K&K data {path}: {msg}") from e

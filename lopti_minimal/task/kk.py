@@ -520,8 +520,22 @@ def record_statements(record: dict) -> tuple:
 
 def load_jsonl(path) -> list[dict]:
     """One JSON object per non-empty line."""
+    return [obj for _, obj in load_jsonl_lines(path)]
+
+
+def load_jsonl_lines(path) -> list[tuple[int, object]]:
+    """(line number, parsed value) per non-empty line; a line that is not JSON is a
+    ValueError that names its line in the file (json's own message counts within the line)."""
+    out = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append((no, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"line {no} is not JSON: {e.msg} (column {e.colno})") from None
+    return out
 
 
 def save_jsonl(records: Iterable[dict], path, overwrite: bool = False) -> None:
