@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from lopti_minimal.cli import HelpFormatter, one_line_error
 
@@ -146,8 +148,14 @@ def ensure_model(cfg, a) -> None:
                          "or pass --model PATH")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt      # a `kill` stops the run like Ctrl-C: one line, exit 130
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     from lopti_minimal.config import TrainError
     from lopti_minimal.plumbing import RunFinished
     from lopti_minimal.precision import NonFiniteError
@@ -170,6 +178,10 @@ def main(argv=None) -> int:
         print("\ninterrupted: continue with  python train.py --resume <run dir>  "
               "(from the latest checkpoint)", file=sys.stderr)
         return 130
+    except OSError as e:                 # a full disk, a lost mount: writes are atomic (runs.py)
+        print(f"error: {e}; the run's latest complete checkpoint stands: free the space, then "
+              "python train.py --resume <run dir>", file=sys.stderr)
+        return 1
     p = result["paths"]
     print(f"\nDone. Everything is in {p['run_dir']}:")
     print(f"  config            {os.path.join(p['run_dir'], 'run.json')}")

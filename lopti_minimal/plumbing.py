@@ -31,6 +31,7 @@ Design choices (the run directory in full: docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -195,6 +196,32 @@ def resume_config(run_dir, steps: int | None = None, progress: bool | None = Non
     return cfg
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:               # someone else's process: alive
+        return True
+    return True
+
+
+def check_writable(run_dir: Path) -> None:
+    """A new run's folder can be made: its nearest existing parent is a folder in which a
+    folder can be created (one is, and removed at once). TrainError otherwise, before a
+    model is loaded."""
+    import tempfile
+    parent = Path(run_dir).absolute()
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(f"{parent} is a file")
+        os.rmdir(tempfile.mkdtemp(prefix=".lopti-write-check-", dir=parent))
+    except OSError as e:
+        raise TrainError(f"run directory {run_dir}: cannot create it in {parent} ({e.strerror or e})") from None
+
+
 class RunFinished(Exception):
     """--resume of a run that is finished at the length asked: nothing to do (not an error)."""
 
@@ -224,6 +251,8 @@ class Run:
         if not resume and self.dir.exists() and any(self.dir.iterdir()):
             raise TrainError(f"run directory {self.dir} exists and is not empty: pass --resume {self.dir} "
                              "or choose another --run-dir")
+        if not resume:
+            check_writable(self.dir)
         # the puzzles of the held-out evaluations along the run, read (and checked) now
         self.heldout = heldout_records(cfg) if cfg.heldout_data else None
         self.metrics_path, self.evals_path = self.dir / "metrics.jsonl", self.dir / "evals.jsonl"
@@ -231,8 +260,40 @@ class Run:
         self.peak_rss_gb = 0.0
         # read now, so that a state file not in plain-data form is refused before a model loads
         self.checkpoint = self.latest_checkpoint() if resume else None
+        self.locked = False
         if resume:
             self.check_length()
+            self.lock()
+
+    LOCK = ".lock"
+
+    def lock(self) -> None:
+        """RUN_DIR/.lock holds this process's pid while it writes the run: a second process
+        that would write the same folder (two runs given one --run-dir, two resumes of one
+        run) is refused in one line. A lock whose process is gone (killed) is taken over."""
+        path = self.dir / self.LOCK
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    pid = int(path.read_text() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and pid != os.getpid() and _alive(pid):
+                    raise TrainError(f"{self.dir} is in use by process {pid} (another run or resume of it): "
+                                     f"wait for it, or delete {path} if that process is gone") from None
+                path.unlink(missing_ok=True)          # left by a killed process
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            self.locked = True
+            return
+
+    def unlock(self) -> None:
+        if self.locked:
+            (self.dir / self.LOCK).unlink(missing_ok=True)
+            self.locked = False
 
     def check_length(self) -> None:
         """A resume may extend a run, never shrink it: --steps below the latest checkpoint
@@ -287,7 +348,14 @@ class Run:
         hash: check_data). Returns the first step."""
         cfg, run_dir = self.cfg, self.dir
         if not self.resume:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise TrainError(f"run directory {run_dir}: {e.strerror or e}") from None
+            self.lock()
+            if runs.is_run_dir(run_dir):      # another run took this folder while this one loaded
+                self.unlock()
+                raise TrainError(f"run directory {run_dir} now holds another run: choose another --run-dir")
             runs.write_json(run_dir / "run.json",
                             {"kind": runs.RUN_MARKER, "config": runs.config_to_json(cfg), "data": data_path,
                              "data_sha256": data_sha256,

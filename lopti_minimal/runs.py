@@ -179,7 +179,23 @@ def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torc
         raise NonFiniteError("policy", bad, f"{out.name} was not written")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+        _write_folder(model, tokenizer, tmp, extra, dtype)
+    except Exception as e:                # a full disk, a lost mount: the old folder stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise WriteError(f"cannot write {out}: {why}") from e
+    swap_in(tmp, out)                     # "final" or a warm start is replaced
+
+
+class WriteError(OSError):
+    """A checkpoint could not be written (its temporary folder is removed; the previous one
+    stands): one line for the command to print."""
+
+
+def _write_folder(model, tokenizer, tmp: Path, extra: dict | None, dtype: torch.dtype | None) -> None:
+    """save_hf_atomic's writes into the temporary folder."""
     if dtype is None:
         model.save_pretrained(tmp, safe_serialization=True)
     else:
@@ -197,7 +213,6 @@ def save_hf_atomic(model, tokenizer, out, extra: dict | None = None, dtype: torc
                 json.dump(obj, f, indent=1, default=str)
         else:
             torch.save(obj, tmp / name)
-    swap_in(tmp, out)                     # "final" or a warm start is replaced
 
 
 # The "format" entry of every state file (choice 3). Files of the first format carry no

@@ -210,6 +210,14 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None, allo
     # plumbing: check everything before anything is loaded or written; data first (cheap,
     # and a bad data setting fails before any model loads)
     run = plumbing.Run(cfg, resume, log, allow_changed_data)
+    try:
+        return _train(run, cfg, reward_fn)
+    finally:
+        run.unlock()                 # plumbing: the run folder is free again (Run.lock)
+
+
+def _train(run, cfg: TrainConfig, reward_fn) -> dict:
+    """`train` once its run directory is checked (and, resumed, locked)."""
     records, data_path = plumbing.rl_prompt_set(cfg, cfg.progress)
     data_sha256 = run.check_data(data_path)
 

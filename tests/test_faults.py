@@ -160,3 +160,68 @@ def test_strict_json_lines_round_trip(tmp_path):
     assert back["reward"] != back["reward"] and back["bins"] == [0.5, float("inf")] and back["ok"] == 2.0
     runs.truncate_jsonl(p, 1)
     assert runs.read_jsonl(p)[0]["bins"][1] == float("inf")
+
+
+def test_a_full_disk_leaves_the_last_checkpoint_and_says_so_in_one_line(interrupted, monkeypatch, capsys):
+    """A write that fails (here: save_pretrained on a full disk) removes its temporary folder,
+    leaves the previous checkpoint as it was, and train.py says it in one line, exit 1."""
+    import errno
+    import transformers
+    before = snapshot(interrupted / "ckpt-000002")
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", full)
+    capsys.readouterr()
+    assert train_cli.main(["--resume", str(interrupted), "--no-progress"]) == 1
+    err = one_line(capsys.readouterr().err.split("it/s]")[-1])
+    assert "cannot write" in err and "No space left" in err and "--resume" in err
+    assert snapshot(interrupted / "ckpt-000002") == before
+    assert not list(interrupted.glob("*.tmp")) and not (interrupted / ".lock").exists()
+
+
+def test_one_process_writes_a_run_at_a_time(interrupted, capsys):
+    """RUN_DIR/.lock: a resume while another process holds the run is refused in one line;
+    a lock left by a process that is gone is taken over."""
+    import subprocess
+    import sys
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (interrupted / ".lock").write_text(str(other.pid))
+        before = snapshot(interrupted)
+        assert train_cli.main(["--resume", str(interrupted), "--no-progress"]) == 2
+        assert f"in use by process {other.pid}" in one_line(capsys.readouterr().err)
+        assert snapshot(interrupted) == before
+    finally:
+        other.kill()
+        other.wait()
+    cfg = train_cli.build_config(train_cli.parse_args(["--resume", str(interrupted)]))
+    trainer.train(cfg, resume=True, reward_fn=length_reward)       # the dead process's lock is taken over
+    assert not (interrupted / ".lock").exists() and (interrupted / "final").is_dir()
+
+
+def test_a_run_folder_that_cannot_be_made_is_refused_before_loading(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert train_cli.main(["--preset", "ci", "--run-dir", str(tmp_path / "afile" / "run"), "--no-progress"]) == 2
+    assert "cannot create it" in one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--threads", "-1"], "--threads must be >= 1"),
+    (["--only", "nosuch"], "no such method or variant"),
+])
+def test_study_options_that_select_nothing_are_refused(args, words, tmp_path, capsys):
+    from lopti_minimal.experiments import study
+    assert study.main(["--preset", "ci", "--out", str(tmp_path / "st"), "--dry-run"] + args) == 2
+    assert words in one_line(capsys.readouterr().err) and not (tmp_path / "st").exists()
+    (tmp_path / "file").write_text("x")
+    assert study.main(["--preset", "ci", "--out", str(tmp_path / "file"), "--dry-run"]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_sigterm_stops_train_py_like_ctrl_c():
+    with pytest.raises(KeyboardInterrupt):
+        train_cli._interrupt(15, None)

@@ -460,6 +460,23 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def check_args(a, out: Path) -> None:
+    """The command's own options, refused in one line before anything runs (StudyError):
+    numbers of jobs, threads and seeds, names that select nothing, an --out that is a file."""
+    for name in ("jobs", "threads", "seeds", "sweep_seeds"):
+        v = getattr(a, name)
+        if v is not None and v < (0 if name == "sweep_seeds" else 1):
+            raise StudyError(f"--{name.replace('_', '-')} must be >= {0 if name == 'sweep_seeds' else 1}, got {v}")
+    if a.only:
+        known = {x for g in GRIDS.values() for v in g for x in (v.method, v.name)}
+        unknown = sorted(set(a.only.split(",")) - known)
+        if unknown:
+            raise StudyError(f"--only {','.join(unknown)}: no such method or variant (e.g. grpo, "
+                             "grpo-x2, lopti-e0.4, ar_lopti-a0.3-e0.5)")
+    if out.exists() and not out.is_dir():
+        raise StudyError(f"--out {out} is a file: a study folder holds its runs")
+
+
 def _abs(p: str) -> Path:
     return Path(p) if os.path.isabs(p) else ROOT / p
 
@@ -474,6 +491,7 @@ def main(argv=None) -> int:
     _quiet_transformers()
     out = _abs(a.out)
     try:
+        check_args(a, out)
         if not a.report_only:
             overrides = build_overrides(a)
             only = set(a.only.split(",")) if a.only else None
