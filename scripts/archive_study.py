@@ -9,7 +9,8 @@ so those are what is kept: a run is copied only when it is finished (its eval_fi
 exists), without its checkpoints (ckpt-*/), its final policy (final/) and its plots (*.png,
 which the report redraws). The preset's warm-start evaluations come along, and so do the
 study's own records: study.json (the warm start's fingerprint, which a continued study
-checks) and study_log.jsonl (each invocation's wall time and machine, for the report).
+checks), study_log.jsonl (each invocation's wall time and machine, for the report) and
+commit_checks.jsonl (scripts/commit_check.py's verdicts: which commits compute the same).
 
 To continue a study on a fresh machine, copy the archive back and run the same study
 command: the archived runs count as finished and are skipped (study.py's run_status).
@@ -30,12 +31,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lopti_minimal.experiments.aggregate import find_runs  # noqa: E402  (the report's rule)
 
-SKIP = ("ckpt-*", "final", "*.png")
+SKIP = ("ckpt-*", "final", "*.png", ".lock")
 
 
 def archive(study: Path, dest: Path) -> list[Path]:
     """Copy each finished run (without SKIP), each preset's top-level .json files and the
-    study's study.json and study_log.jsonl.
+    study's study.json, study_log.jsonl and commit_checks.jsonl.
     Returns the run folders written. Re-running refreshes them (e.g. a new phrasing.json)."""
     written = []
     for run in find_runs(study)[0]:
@@ -44,7 +45,7 @@ def archive(study: Path, dest: Path) -> list[Path]:
             shutil.rmtree(target)
         shutil.copytree(run, target, ignore=shutil.ignore_patterns(*SKIP))
         written.append(target)
-    records = [study / n for n in ("study.json", "study_log.jsonl") if (study / n).exists()]
+    records = [study / n for n in ("study.json", "study_log.jsonl", "commit_checks.jsonl") if (study / n).exists()]
     for f in [*study.glob("*/*.json"), *records]:
         (dest / f.relative_to(study)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest / f.relative_to(study))

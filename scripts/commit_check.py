@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lopti_minimal import runs  # noqa: E402
-from lopti_minimal.experiments.grid import machine_key  # noqa: E402
+from lopti_minimal.experiments.grid import config_diff, machine_key  # noqa: E402
 
 # What a run logs that depends on the moment and the machine's load, not on its numbers.
 TIMING = ("sample_s", "update_s", "step_s", "mechanism_s", "peak_rss_gb")
@@ -63,10 +63,11 @@ def compare(a: Path, b: Path) -> dict:
     if len(ma) != len(mb) and first is None:
         first = f"steps: {len(ma)} vs {len(mb)}"
     same_machine = fa["machine"] == fb["machine"]
+    differs = config_diff(fa["config"], fb["config"])        # where it writes, threads etc. ignored
     out.update(compared=compared, heldout_files=files, first_difference=first, same_machine=same_machine,
-               equal=first is None and same_machine and fa["config"] == fb["config"])
-    if fa["config"] != fb["config"]:
-        out["first_difference"] = first or "the configs differ"
+               equal=first is None and same_machine and not differs)
+    if differs:
+        out["first_difference"] = first or f"the configs differ in {', '.join(differs)}"
     return out
 
 
