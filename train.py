@@ -25,7 +25,8 @@ Design choices (Yang et al. 2025, arXiv 2505.12929; in full: docs/ARCHITECTURE.m
 Bad input (unknown method, any number outside its range -- alpha outside [0, 1], top-p
 outside (0, 1], an infinite lr: config.RANGES --, unreadable data or model, a --resume
 directory that is not a run, a checkpoint whose trainer_state.pt is not plain data:
-runs.read_state) prints one line and exits with code 2 before anything is written. A
+runs.read_state; a resume that would shrink the run, or whose data changed) prints one line
+and exits with code 2 before anything is written. A
 non-finite reward, advantage, loss or gradient norm during the run updates nothing: by
 default the run stops with one line that names it and its step, exit code 3, its last
 checkpoint good (--resume continues from it); --on-nonfinite skip skips such updates

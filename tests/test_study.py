@@ -885,3 +885,25 @@ def test_the_report_goes_into_the_study_folder_unless_named(tmp_path, fake_model
     S.write_outputs(a, out)
     assert (out / "RESULTS.md").exists() and (out / "figures").is_dir() and (out / "study_results.json").exists()
     assert {p: p.stat().st_mtime_ns for p in tracked} == tracked
+
+
+def test_commit_check_tells_equal_runs_from_different_ones(tmp_path, fake_model):
+    """scripts/commit_check.py: the same run at two commits is EQUAL when every logged value
+    but times and memory agrees (a metric only one commit logs is named, not compared), and
+    DIFFERENT at the first value that does not."""
+    from conftest import load_script
+    check = load_script("scripts/commit_check.py")
+    spec = S.RunSpec("ci", G.GRPO, 0, "main")
+    cfg = S.run_config(spec, tmp_path, {"model": fake_model, "steps": 3})
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_finished(a, cfg, {3: .3}, step_s=1.0, heldout=.5, machine={"cpu": "X", "torch": "2", "threads": 1})
+    write_finished(b, cfg, {3: .3}, step_s=9.0, heldout=.5, machine={"cpu": "X", "torch": "2", "threads": 1},
+                   extra=[{"pi_old_below_half": 0.2}] * 3)
+    r = check.compare(a, b)
+    assert r["equal"] and r["only_in_b"] == ["pi_old_below_half"] and r["compared"] > 3 * 5
+    write_finished(b, cfg, {3: .3}, rewards=(0.0, 0.5, 0.9), heldout=.5,
+                   machine={"cpu": "X", "torch": "2", "threads": 1})
+    r = check.compare(a, b)
+    assert not r["equal"] and r["first_difference"].startswith("step 3: accuracy")
+    write_finished(b, cfg, {3: .3}, heldout=.5, machine={"cpu": "Y", "torch": "2", "threads": 1})
+    assert not check.compare(a, b)["equal"]                  # another CPU: not evidence about commits
