@@ -430,9 +430,11 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     compact = report.read_text()
     # The report: a row per arm, and a link to every table in full beside it.
     assert "[RESULTS_TABLES.md](RESULTS_TABLES.md)" in compact and "Seeds 0-2 (n = 3 per row)." in compact
-    assert "| GRPO+AR (α=0.2) | 0.383 ± 0.259 | +0.083 [+0.012, +0.155] * | – | – |" in compact
-    assert "of 2 methods compared with GRPO, 1 score higher" in compact and "| 0.53 | +35.9% |" in compact
-    assert "| GRPO+AR (α=0.2) | 4 | 1 | 1.0 | 0.1 min |" in compact          # cost, all 4 runs
+    # three seeds: the signs, no t interval and no star (a sign-flip p is at least 0.25)
+    assert "| GRPO+AR (α=0.2) | 0.383 ± 0.259 | +0.083 (3 of 3 higher) | – | – |" in compact
+    assert "| 0.53 | +35.9% |" in compact
+    full = (tmp_path / "docs" / "RESULTS_TABLES.md").read_text()
+    assert "| GRPO+AR (α=0.2) | 4 | 1 | 24 | 1.0 | 0.5 | 0.2 | 2 | 0.1 min |" in full   # cost, all 4 runs
     assert "| 3 people |" not in compact and "Format errors" not in compact     # those: in full
     # A grid repeats no arm a table above showed on the same seeds, GRPO aside; ×N in names.
     main, shown = A.aggregate(out)["presets"]["ci"]["grids"]["main"], set()
@@ -443,24 +445,24 @@ def test_report_on_synthetic_results_keeps_the_hand_written_block(tmp_path, fake
     text = compact + (tmp_path / "docs" / "RESULTS_TABLES.md").read_text()
     assert "Seeds 0-2 (n = 3 per row)." in text
     assert "| GRPO | 0.300 ± 0.248 | 0.300 ± 0.248 | 0.300 ± 0.248 | – | – |" in text
-    assert "+0.083 [+0.012, +0.155] * | +27.8% [+3.9%, +51.7%] |" in text
-    assert "paired 95% CI [+0.012, +0.155] excludes 0: higher than GRPO at this scale" in text
-    assert "GRPO+Lopti (η=0.4)**: mean accuracy" in text and "includes 0: no difference from GRPO" in text
-    assert "of 2 methods compared with GRPO, 1 score higher" in text and "1 have a CI that includes 0, and 0" in text
+    # three seeds: the signs, no interval, no statement, not counted in the summary
+    assert "+0.083 (3 of 3 higher) | +27.8% |" in text
+    assert "3 paired seed(s), too few for an interval (signs: 3 of 3 higher); difference +0.083" in text
+    assert "Summary (computed)" not in text
     assert "| Qwen2.5-3B GRPO+AR+Lopti (α=0.3, η=0.5) | 0.72 | 0.66 | 0.55 | 0.52 | 0.40 | 0.57 | +46.2% |" in text
     assert "| GRPO+AR (α=0.2) | 0.383 ± " in text and "| 0.53 | +35.9% | 0.89 | +15.6% |" in text
     assert "**24 sampled responses**" in text and "steps" in text.split("Left out")[1]
     assert "| GRPO+AR (α=0.2) | 4 | 1 | 24 | 1.0 | 0.5 | 0.2 | 2 |" in text      # cost table, all 4 runs
     assert "| GRPO | 0.200 ± 0.248 | – |" in text                                 # format errors
-    assert "| GRPO+Lopti (η=0.4) | 0.100 ± 0.248 | -0.100 [-0.100, -0.100] * | 0.100 ± 0.248 | 110 ± 25 | -10 [-10, -10] * |" in text
+    assert "| GRPO+Lopti (η=0.4) | 0.100 ± 0.248 | -0.100 (3 of 3 lower) | 0.100 ± 0.248 | 110 ± 25 | -10 (3 of 3 lower) |" in text
     assert "![learning curves, main](figures/study-ci-main-curves.png)" in text
     assert (figs / "study-ci-main-curves.png").stat().st_size > 1000
     assert (figs / "study-ci-main-sizes.png").exists()
     assert "Sweep:" not in text          # no sweep has runs of its own here
     # Lopti: diffs .1 0 -.1 -> (4.303 + 1.061) * .1 / sqrt(3) = 0.310 detectable with 80% power.
-    assert "a true difference of about ±0.310 would have been detected with 80% power" in text
+    assert stats.detectable(0.1, 3) == pytest.approx(0.3097, abs=1e-3)     # no longer printed at n = 3
     # Held-out accuracy and the selection columns, paired like accuracy.
-    assert "| GRPO+Lopti (η=0.4) | 0.350 ± 0.000 | +0.050 [-0.198, +0.298] | 3.0 ± 0.0 | +0.0 [+0.0, +0.0] |" in text
+    assert "| GRPO+Lopti (η=0.4) | 0.350 ± 0.000 | +0.050 (1 of 3 lower, 2 of 3 higher) | 3.0 ± 0.0 | +0.0 (3 of 3 equal) |" in text
 
     report.write_text(text.replace(R.HAND_BEGIN + "\n", R.HAND_BEGIN + "\nOur reading: nothing yet.\n"))
     R.write_report(A.aggregate(out), report, figs, plots=False)
@@ -493,9 +495,10 @@ def test_grid_pairs_compare_reinforce_pp_arms_with_reinforce_pp(tmp_path, fake_m
     R.write_report(A.aggregate(out), report, tmp_path / "figs", plots=False)
     full = (tmp_path / "RESULTS_TABLES.md").read_text()
     assert ("- **REINFORCE++ +AR+Lopti (α=0.3, η=0.5)** minus **REINFORCE++**, paired by seed (95% CI): "
-            "accuracy (avg over sizes) +0.100 [-0.148, +0.348]; held-out accuracy +0.100 [-0.148, +0.348]") in full
-    assert ("| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) minus REINFORCE++ | +0.100 [-0.148, +0.348] | "
-            "+0.100 [-0.148, +0.348] |") in report.read_text()       # the report's row of that pair
+            "accuracy (avg over sizes) +0.100 (2 of 3 higher, 1 equal); held-out accuracy +0.100 (2 of 3 "
+            "higher, 1 equal)") in full
+    assert ("| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) minus REINFORCE++ | +0.100 (2 of 3 higher, 1 equal) | "
+            "+0.100 (2 of 3 higher, 1 equal) |") in report.read_text()       # the report's row of that pair
     # What Lopti's first stage holds: low_fraction .06 at step 1, mean .03; derivations at the
     # last step = the last reward, a + .5: REINFORCE++ +AR+Lopti .9 1.0 .8 -> mean .9.
     assert "| REINFORCE++ +AR+Lopti (α=0.3, η=0.5) | 0.5 | 0.060 | 0.030 | 0.90 (0.80-1.00) |" in full
@@ -546,14 +549,15 @@ def test_heldout_accuracy_along_the_way_is_tabulated_and_paired(tmp_path, fake_m
     # The report's row: held-out accuracy after the steps as differences from GRPO, no new table.
     assert "| Δ held-out after step 1 | Δ held-out after step 2 | steps to 80% derivations |" in compact
     assert "| GRPO+Lopti (η=0.4, high first) minus GRPO+Lopti (η=0.4) |" in compact
-    assert ("| GRPO (lr ×2) minus GRPO | +0.000 [+0.000, +0.000] | +0.000 [+0.000, +0.000] | "
-            "+0.100 [+0.100, +0.100] * |") in compact                  # a pair's held-out after step 1
+    # three equal differences: a zero-width t interval, so the signs instead, and no star
+    assert ("| GRPO (lr ×2) minus GRPO | +0.000 (3 of 3 equal) | +0.000 (3 of 3 equal) | "
+            "+0.100 (3 of 3 higher) |") in compact                    # a pair's held-out after step 1
     text = compact + (tmp_path / "R_TABLES.md").read_text()
     assert "| method | after step 1 | Δ vs GRPO | after step 2 | Δ vs GRPO | final (step 3) | Δ vs GRPO |" in text
-    assert "| GRPO+Lopti (η=0.4, random split) | 0.300 ± 0.430 | +0.100 [-0.148, +0.348] |" in text   # s = .173
+    assert "| GRPO+Lopti (η=0.4, random split) | 0.300 ± 0.430 | +0.100 (2 of 3 higher, 1 equal) |" in text
     assert ("**GRPO+Lopti (η=0.4, random split)** minus **GRPO+Lopti (η=0.4)**, paired by seed (95% CI): "
-            "accuracy (avg over sizes) +0.000 [+0.000, +0.000]") in text
-    assert re.search(r"held-out accuracy after step 1 [+-]0\.000 \[-0\.248, \+0\.248\]", text)   # 0 in floats
+            "accuracy (avg over sizes) +0.000 (3 of 3 equal)") in text
+    assert re.search(r"held-out accuracy after step 1 [+-]0\.000 \(1 of 3 lower, 1 of 3 higher, 1 equal\)", text)
     # The mechanism figure of the new arms, as for the old ones.
     assert "![mechanism, criterion](figs/study-ci-criterion-mechanism.png)" in text
     assert (figs / "study-ci-criterion-mechanism.png").stat().st_size > 1000
@@ -660,7 +664,7 @@ def test_report_only_is_byte_identical_and_writes_only_what_it_is_asked(tmp_path
     assert "docs/R_TABLES.md" in first                               # the full tables, beside the report
     text = (tmp_path / "docs" / "R.md").read_text()
     assert str(tmp_path) not in text and "runs/s --report-only" not in text     # no machine path
-    assert "--out runs/s" in text                                   # the logged command, portable
+    assert "--out runs/s" in (tmp_path / "docs" / "R_TABLES.md").read_text()   # the logged command, portable
     assert S.main(args) == 0
     assert snapshot(tmp_path) == first and len([k for k in first if k.endswith(".png")]) >= 2
     assert S.main(args + ["--write-aggregate"]) == 0
@@ -907,3 +911,36 @@ def test_commit_check_tells_equal_runs_from_different_ones(tmp_path, fake_model)
     assert not r["equal"] and r["first_difference"].startswith("step 3: accuracy")
     write_finished(b, cfg, {3: .3}, heldout=.5, machine={"cpu": "Y", "torch": "2", "threads": 1})
     assert not check.compare(a, b)["equal"]                  # another CPU: not evidence about commits
+
+
+def test_the_declared_test_gives_each_verdict_and_opens_the_report(tmp_path, fake_model):
+    """Ten seeds of the primary family's arms, built so that each verdict occurs: a random
+    split that never reaches 80% derivations (every seed +2 steps: different), a state per
+    stage exactly like Lopti (equivalent), a high-first order 0 or +3 in turn (undetermined).
+    The report opens with the findings, before its protocol."""
+    from lopti_minimal.experiments import declared
+    out = tmp_path / "study"
+    curves = {G.LOPTI: (0.0, 0.9, 1.0), G.GRPO_X2: (0.0, 0.9, 1.0), G.LOPTI_PER_STAGE: (0.0, 0.9, 1.0),
+              G.LOPTI_RANDOM: (0.0, 0.1, 0.2)}
+    for seed in range(10):
+        for v, grid in ((G.LOPTI, "main"), (G.GRPO_X2, "control"), (G.LOPTI_RANDOM, "criterion"),
+                        (G.LOPTI_HIGH, "criterion"), (G.LOPTI_PER_STAGE, "isolation")):
+            spec = S.RunSpec("ci", v, seed, grid)
+            rewards = curves.get(v) or ((0.0, 0.9, 1.0) if seed % 2 else (0.0, 0.1, 0.2))
+            write_finished(spec.run_dir(out), S.run_config(spec, out, {"model": fake_model, "steps": 3}),
+                           {3: .3}, rewards=rewards, heldout=.5)
+    dec = A.aggregate(out)["presets"]["ci"]["declared"]
+    rows = {(r["a"], r["measure"]): r for r in dec["families"]["primary"]}
+    rnd = rows[(G.LOPTI_RANDOM.label, "steps_to_80")]
+    assert rnd["diffs"] == [2.0] * 10 and rnd["p"] == 2 / 1024 and rnd["p_holm"] < 0.05
+    assert rnd["verdict"] == "different"
+    same = rows[(G.LOPTI_PER_STAGE.label, "steps_to_80")]
+    assert same["diffs"] == [0.0] * 10 and same["p"] == 1.0 and same["verdict"] == "equivalent"
+    assert rows[(G.LOPTI_HIGH.label, "steps_to_80")]["verdict"] == "undetermined"
+    assert rows[(G.LOPTI_PER_STAGE.label, "heldout")]["verdict"] == "equivalent"     # held-out: its own Holm
+    assert dec["declared_n"] == declared.SEEDS and not dec["families"]["secondary"]
+    report = tmp_path / "R.md"
+    R.write_report(A.aggregate(out), report, tmp_path / "figs", plots=False)
+    text = report.read_text()
+    assert text.index("## Findings") < text.index("## Protocol") and "n = 10 seeds)" in text
+    assert "minus GRPO+Lopti (η=0.4)**: steps to 80% derivations +2.0, different" in text

@@ -27,6 +27,7 @@ from .grid import (GRID_PAIRS, GRIDS, GRPO, HELDOUT_FILE, RUNTIME_FIELDS, VARIAN
                    warm_start_eval_path)
 from .mechanism_report import MECH_KEYS, run_scalars
 from .mechanism_report import curves as mechanism_curves
+from .declared import declared_table
 from .stats import mean_ci, paired_diff, t975
 
 
@@ -302,6 +303,7 @@ def aggregate(out, window: int = 5) -> dict:
                 if all(r["derive_last"] is not None for r in vr) else None,
             }
         grids = {g: t for g in GRIDS if (t := grid_table(groups, g, sizes, window))}
+        declared = declared_table(groups)         # docs/STUDY.md, "The declared test"
         wpath = warm_start_eval_path(out, preset)
         warm = None
         if wpath.exists():
@@ -316,7 +318,8 @@ def aggregate(out, window: int = 5) -> dict:
         P, G, S = ref_cfg["prompts_per_step"], ref_cfg["group_size"], ref_cfg["steps"]
         res["presets"][preset] = {
             "model": portable(ref_cfg["model"]), "fingerprint": study["presets"].get(preset, {}).get("fingerprint"),
-            "sizes": sizes, "variants": variants, "grids": grids, "excluded": excluded, "warm_start": warm,
+            "sizes": sizes, "variants": variants, "grids": grids, "declared": declared, "excluded": excluded,
+            "warm_start": warm,
             "budget": {"steps": S, "prompts_per_step": P, "group_size": G, "responses_per_run": S * P * G,
                        "mini_batch_size": ref_cfg["mini_batch_size"],
                        "optimizer_steps_per_stage": math.ceil(P * G / ref_cfg["mini_batch_size"]),

@@ -25,7 +25,8 @@ Design choices:
 from __future__ import annotations
 
 from .grid import (AR_LOPTI, AR_LOPTI_HIGH, AR_LOPTI_PER_STAGE, AR_LOPTI_RANDOM, GRPO_X2, LOPTI,
-                   LOPTI_HIGH, LOPTI_PER_STAGE, LOPTI_RANDOM)
+                   LOPTI_HIGH, LOPTI_PER_STAGE, LOPTI_RANDOM, same_machine_seeds)
+from .stats import holm, mean_ci, sign_flip_p, tost_p, verdict
 
 ALPHA = 0.05
 SEEDS = 10                        # the declared sample: seeds 0-9 of every arm below
@@ -39,3 +40,41 @@ SECONDARY_MEASURES = ("heldout",)
 MARGINS = {"steps_to_80": 2.0, "derive_auc": 0.04, "heldout": 0.05}
 MEASURE_WORDS = {"steps_to_80": "steps to 80% derivations", "derive_auc": "derivation-share area",
                  "heldout": "final held-out accuracy"}
+
+
+def _comparison(groups: dict, a, b, measure: str) -> dict | None:
+    """a minus b on one measure, paired by seed over the seeds both ran alike (grid.py,
+    choice 4): the per-seed differences, their mean and 95% t interval, the sign-flip p and
+    the equivalence p within the measure's margin (both before Holm)."""
+    if a not in groups or b not in groups:
+        return None
+    ra, rb = ({r["seed"]: r for r in groups[v]} for v in (a, b))
+    both = sorted(set(ra) & set(rb))
+    seeds, _ = same_machine_seeds({v: {r["seed"]: r["machine"] for r in groups[v]} for v in (a, b)}, both)
+    seeds = [s for s in seeds if ra[s].get(measure) is not None and rb[s].get(measure) is not None]
+    diffs = [ra[s][measure] - rb[s][measure] for s in seeds]
+    if not diffs:
+        return None
+    ci = mean_ci(diffs)
+    return {"a": a.label, "b": b.label, "measure": measure, "seeds": seeds, "diffs": diffs, "n": len(diffs),
+            "mean": ci["mean"], "lo": ci["lo"], "hi": ci["hi"],
+            "p": sign_flip_p(diffs), "tost": tost_p(diffs, MARGINS[measure])}
+
+
+def declared_table(groups: dict) -> dict:
+    """The declared test on the finished runs (``groups``: {Variant: runs}, aggregate's):
+    per family, its comparisons x measures with p and the equivalence p, each Holm-adjusted
+    within the family's primary tests or its held-out tests, and the verdict."""
+    out = {"declared_n": SEEDS, "alpha": ALPHA, "margins": dict(MARGINS), "families": {}}
+    for fam, pairs in FAMILIES.items():
+        rows = []
+        for measures, kind in ((PRIMARY_MEASURES, "primary"), (SECONDARY_MEASURES, "secondary")):
+            block = [dict(c, kind=kind) for a, b in pairs for m in measures if (c := _comparison(groups, a, b, m))]
+            for key in ("p", "tost"):
+                for row, adj in zip(block, holm([r[key] for r in block])):
+                    row[f"{key}_holm"] = adj
+            for row in block:
+                row["verdict"] = verdict(row["p_holm"], row["tost_holm"], ALPHA)
+            rows += block
+        out["families"][fam] = rows
+    return out

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from .aggregate import SELECT_AT
+from .declared import MEASURE_WORDS
 from .grid import GRID_TITLES, GRPO, PAPER_KK, portable
 from .mechanism_report import plot_mechanism
 from .mechanism_report import tables as mechanism_tables
@@ -40,9 +41,25 @@ def _cell(s: dict, digits: int = 3) -> str:
     return f"{s['mean']:.{digits}f}" + (f" ± {s['half']:.{digits}f}" if s["half"] is not None else "")
 
 
+# Up to this many paired seeds a difference is shown with its signs, not a t interval: with
+# 2 or 3 values a t interval can have zero width (equal differences), and the smallest
+# sign-flip p is then 0.25 -- no star (docs/STUDY.md, "The declared test").
+SIGNS_UP_TO = 3
+
+
+def _signs(diffs) -> str:
+    """'3 of 3 lower', '2 of 3 higher, 1 equal': the per-seed signs of a few differences."""
+    lo, hi = sum(x < 0 for x in diffs), sum(x > 0 for x in diffs)
+    parts = [f"{k} of {len(diffs)} {w}" for k, w in ((lo, "lower"), (hi, "higher")) if k]
+    eq = len(diffs) - lo - hi
+    return ", ".join(parts + ([f"{eq} equal"] if eq else [])) if parts else f"{eq} of {eq} equal"
+
+
 def _diff_cell(d: dict | None, digits: int = 3) -> str:
     if not d or d["mean"] is None:
         return "–"
+    if d["n"] <= SIGNS_UP_TO and d.get("diffs"):
+        return f"{d['mean']:+.{digits}f} ({_signs(d['diffs'])})"
     if d["lo"] is None:
         return f"{d['mean']:+.{digits}f} (n={d['n']})"
     star = " *" if d["excludes_zero"] else ""
@@ -52,7 +69,7 @@ def _diff_cell(d: dict | None, digits: int = 3) -> str:
 def _rel_cell(d: dict | None) -> str:
     if not d or d["rel"] is None:
         return "–"
-    if d["rel_lo"] is None:
+    if d["rel_lo"] is None or d["n"] <= SIGNS_UP_TO:
         return f"{d['rel']:+.1%}"
     return f"{d['rel']:+.1%} [{d['rel_lo']:+.1%}, {d['rel_hi']:+.1%}]"
 
@@ -67,9 +84,9 @@ def statement(row: dict) -> str:
     d = (row.get("vs_grpo") or {}).get("avg")
     if not d or d["n"] == 0:
         return f"- **{row['label']}**: no finished GRPO run on the same seeds; no comparison."
-    if d["lo"] is None:
-        return (f"- **{row['label']}**: {d['n']} paired seed, too few for a confidence interval; "
-                f"difference {d['mean']:+.3f}; no statement.")
+    if d["lo"] is None or (d["n"] <= SIGNS_UP_TO and d.get("diffs")):
+        return (f"- **{row['label']}**: {d['n']} paired seed(s), too few for an interval (signs: "
+                f"{_signs(d['diffs']) if d.get('diffs') else 'n/a'}); difference {d['mean']:+.3f}; no statement.")
     rel = f" ({d['rel']:+.1%})" if d["rel"] is not None else ""
     text = (f"- **{row['label']}**: mean accuracy over sizes {row['accuracy']['avg']['mean']:.3f} vs GRPO "
             f"{d['base_mean']:.3f} on the same {d['n']} seeds; difference {d['mean']:+.3f}{rel}, "
@@ -88,7 +105,8 @@ def statement(row: dict) -> str:
 
 def summary(rows: list[dict]) -> str | None:
     """How many methods are above / indistinguishable from / below GRPO (avg, paired CI)."""
-    judged = [r["vs_grpo"]["avg"] for r in rows if r.get("vs_grpo") and r["vs_grpo"]["avg"]["excludes_zero"] is not None]
+    judged = [r["vs_grpo"]["avg"] for r in rows if r.get("vs_grpo") and r["vs_grpo"]["avg"]["excludes_zero"] is not None
+              and r["vs_grpo"]["avg"]["n"] > SIGNS_UP_TO]
     if not judged:
         return None
     up = sum(d["excludes_zero"] and d["mean"] > 0 for d in judged)
@@ -281,8 +299,9 @@ PROTOCOL = [
     f"least {SELECT_AT:.0%} derivations (never = steps + 1: censored; a difference with it is a bound).",
     "- Each table uses the seeds all its rows have. Cells: mean ± half-width of the 95% Student-t "
     "interval over seeds. Δ vs GRPO: mean of the per-seed differences with its paired 95% t interval; "
-    "`*` marks an interval that excludes 0. Relative = Δ / GRPO mean. No correction for multiple "
-    "comparisons. ×2 in a method's name: two optimizer steps per rollout.",
+    f"`*` marks an interval that excludes 0; with {SIGNS_UP_TO} seeds or fewer, the signs instead. Relative = "
+    "Δ / GRPO mean. No correction for multiple comparisons, except in the declared test above (Holm). "
+    "×2 in a method's name: two optimizer steps per rollout.",
 ]
 
 
@@ -474,6 +493,59 @@ def _compute_line(pr: dict) -> str:
             "files differed from it): " + ", ".join(f"`{c}` ({n} runs)" for c, n in pr.get("code", {}).items()) + ".")
 
 
+MEASURE_DIGITS = {"steps_to_80": 1, "derive_auc": 3, "heldout": 3}
+
+
+def _p(x: float) -> str:
+    return f"{x:.4g}"          # exact p values of a sign-flip test: k / 2^n
+
+
+def _declared_rows(rows: list[dict]) -> list[str]:
+    """The declared test's table: a row per comparison and measure."""
+    lines = ["| A minus B | measure | seeds | mean [95% CI] | per seed | p (Holm) | equivalence p (Holm) | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        dg = MEASURE_DIGITS[r["measure"]]
+        ci = f" [{r['lo']:+.{dg}f}, {r['hi']:+.{dg}f}]" if r["lo"] is not None else ""
+        lines.append(f"| {short(r['a'])} minus {short(r['b'])} | {MEASURE_WORDS[r['measure']]} | {r['n']} | "
+                     f"{r['mean']:+.{dg}f}{ci} | {', '.join(f'{x:+.{dg if dg > 1 else 0}f}' for x in r['diffs'])} | "
+                     f"{_p(r['p'])} ({_p(r['p_holm'])}) | {_p(r['tost'])} ({_p(r['tost_holm'])}) | {r['verdict']} |")
+    return lines
+
+
+def _declared_section(dec: dict, tables_link: str | None) -> list[str]:
+    """The study's answer first: the declared test (docs/STUDY.md) on the primary family,
+    a computed sentence per comparison, the legend; the secondary family in the tables."""
+    prim = dec["families"].get("primary") or []
+    if not prim:
+        return []
+    n = min(r["n"] for r in prim)
+    m = dec["margins"]
+    L = [f"## Findings: what carries Lopti's head start (the declared test, n = {n}"
+         + (f" of the declared {dec['declared_n']} seeds: interim)" if n < dec["declared_n"] else " seeds)"), "",
+         "Declared in [STUDY.md](STUDY.md) before seeds 5-9 ran. Verdicts: **different** where the "
+         "Holm-adjusted exact sign-flip p < 0.05; **equivalent** where two one-sided sign-flip tests "
+         f"(Holm-adjusted) place the mean difference within ±{m['steps_to_80']:g} steps, ±{m['derive_auc']:g} of "
+         f"derivation-share area or ±{m['heldout']:g} of held-out accuracy; **undetermined** otherwise. "
+         f"With {n} seeds the smallest possible p is {2 / 2 ** n:.3g}. Elsewhere, \"not seen\": a 95% "
+         "interval that includes 0.", ""]
+    by_pair: dict = {}
+    for r in prim:
+        by_pair.setdefault((r["a"], r["b"]), []).append(r)
+    for (a, b), rs in by_pair.items():
+        L.append(f"- **{short(a)} minus {short(b)}**: " + "; ".join(
+            f"{MEASURE_WORDS[r['measure']]} {r['mean']:+.{MEASURE_DIGITS[r['measure']]}f}, {r['verdict']}"
+            for r in rs) + ".")
+    L += ["", "The primary family (Lopti alone, eta 0.4):", ""] + _declared_rows(prim) + [""]
+    sec = dec["families"].get("secondary") or []
+    if sec:
+        counts = {v: sum(r["verdict"] == v for r in sec) for v in ("different", "equivalent", "undetermined")}
+        L += [f"The secondary family (the same four for AR+Lopti): {counts['different']} different, "
+              f"{counts['equivalent']} equivalent, {counts['undetermined']} undetermined of {len(sec)}"
+              + (f"; its table: [{tables_link}]({tables_link})." if tables_link else "."), ""]
+    return L
+
+
 def _write(path: Path, lines: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -498,9 +570,10 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
          "Every number below is computed from those runs, except the paper's (from Yang et al. "
          "2025, arXiv 2505.12929, the K&K results table). Only the Discussion is written by hand._", ""]
     if res["presets"]:
-        L += [f"A row per arm here; every table in full (accuracy per size, format errors and length, "
-              f"the selection measures, held-out accuracy along the way, the mechanism, the automatic "
-              f"statements, the cost): [{tables.name}]({rel(tables)}).", ""]
+        L += [f"A row per arm here; every table in full: [{tables.name}]({rel(tables)}).", ""]
+    for pr in res["presets"].values():
+        if pr.get("declared"):
+            L += _declared_section(pr["declared"], rel(tables))
     L += ["## Protocol", "", *PROTOCOL, ""]
     T = ["# Full tables: GRPO vs AR vs Lopti on Knights and Knaves", "",
          f"_Every table of the study of the runs in `{res['out']}`, computed from those runs (the paper's "
@@ -529,10 +602,15 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
                     fm = plot_mechanism(table, figures_dir / f"study-{preset}-{grid}-mechanism.png",
                                         f"{preset}: {GRID_TITLES[grid]}", res["window"])
                     T += [f"![mechanism, {grid}]({rel(fm, tables)})", ""]
-        for X, full in ((L, False), (T, True)):
-            X += ["### Cost per method (means over all finished runs)", ""] + _cost_table(pr, full)
-            X += [_compute_line(pr), ""]
+        T += ["### Cost per method (means over all finished runs)", ""] + _cost_table(pr, True)
+        T += [_compute_line(pr), ""]
+        L += [f"Cost per method (update passes, seconds per RL step, wall time): [{tables.name}]({rel(tables)}). "
+              + _compute_line(pr), ""]
         T += _token_split_table(pr["variants"])
+        if pr.get("declared", {}).get("families"):
+            T += ["### The declared test, both families (docs/STUDY.md)", ""]
+            for fam, rows in pr["declared"]["families"].items():
+                T += [f"The {fam} family:", ""] + _declared_rows(rows) + [""]
     (T if res["presets"] else L).extend(      # with runs, the report has the paper beside ours
         ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per method, "
          "4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the last three "
@@ -547,7 +625,9 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
                                 + f"; Python {m['python']}, torch {m['torch']}." for m in machines))
         cmds = dict.fromkeys(" ".join(["python -m lopti_minimal.experiments.study", *map(portable, i.get("argv") or [])])
                              for i in inv)
-        L.append("- Commands: " + "; ".join(f"`{c}`" for c in cmds))
+        L.append(f"- Commands: {len(cmds)} distinct, listed in [{tables.name}]({rel(tables)})." if res["presets"]
+                 else "- Commands: " + "; ".join(f"`{c}`" for c in cmds))
+        T += ["## Commands", ""] + [f"- `{c}`" for c in cmds] + [""]
         par = sorted({(i.get("jobs"), i.get("threads") or 0) for i in inv})
         L.append("- Parallelism (runs at once, torch threads per run; 0 = torch's default): "
                  + ", ".join(f"({j}, {t})" for j, t in par))

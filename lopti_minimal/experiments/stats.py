@@ -88,7 +88,9 @@ def paired_diff(a_by_seed: dict, b_by_seed: dict) -> dict:
     by that mean, which is treated as fixed). excludes_zero: None with fewer than 2 pairs.
     mde80: the difference these seeds could detect (`detectable`)."""
     seeds = sorted(set(a_by_seed) & set(b_by_seed))
-    d = mean_ci([a_by_seed[s] - b_by_seed[s] for s in seeds])
+    diffs = [a_by_seed[s] - b_by_seed[s] for s in seeds]
+    d = mean_ci(diffs)
+    d["diffs"] = diffs
     d["mde80"] = detectable(d["sd"], d["n"])
     base = float(np.mean([b_by_seed[s] for s in seeds])) if seeds else None
     rel = lambda v: (v / base) if (v is not None and base) else None   # noqa: E731
