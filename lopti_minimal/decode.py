@@ -1,21 +1,19 @@
 """The decode step of sampling: a fast path, all speed; a learner can skip this file.
 
-It gives the next-token logits that the model's forward over the whole sequence would give
-(`model(ids).logits[:, -1]`), from a KV cache: the one loop of `sampling.sample_groups` calls
-`dec.prefill` / `dec.step` for them, and reading those as "the model's forward" loses nothing
-of the method. Two steps, one interface (`make_decoder` picks one; TrainConfig.decoder):
+It gives the logits the model's forward over the whole sequence would give
+(`model(ids).logits[:, -1]`) from a KV cache; `sampling.sample_groups` calls `dec.prefill` /
+`dec.step`: read them as "the model's forward". One interface (`make_decoder`; TrainConfig.decoder):
 
     prefill(ids, mask, positions, G) -> logits [B, V] at each row's last prompt position
     step(tok, pos)                   -> logits [b, V] after tokens tok [b] at positions pos [b]
     keep(rows)                       drop the other rows (the loop's compaction)
 
 HFDecoder: transformers' forward over `KVCache` (decoder="hf"; any model). LeanDecoder
-(decoder="lean", "auto" on a CPU; Llama and Qwen2): the same ops in fewer, larger ones, since
-transformers' forward spends a small model's decode step on per-op overhead and on a CPU
-attention kernel made for long queries (benchmarks/sampler_speed.py --profile). All but
+(decoder="lean", "auto" on a CPU; Llama and Qwen2): the same ops in fewer, larger ones (a small
+model's transformers step is per-op overhead; benchmarks/sampler_speed.py --profile). All but
 attention are transformers' ops in its dtypes (tests/test_decode.py swaps its attention in and
-gets its tokens); its bf16 attention rounds the softmax weights to bf16 and ours does not, so
-under autocast a token differs where a logit's last bits decide it (~0.1% on tiny-warm).
+gets its tokens); its bf16 attention rounds the softmax weights and ours does not, so under
+autocast a token differs where a logit's last bits decide it (~0.1% on tiny-warm).
 """
 from __future__ import annotations
 
@@ -82,8 +80,7 @@ class _KVLayer(CacheLayerMixin):
     """One layer of `KVCache`: keys and values [B, kv_heads, max_len, D], n positions filled."""
 
     is_sliding = False
-    # transformers then passes attention a mask at every decode step, as it does for its own
-    # preallocated cache, instead of switching kernels on the steps where no row is padded
+    # transformers then passes a mask at every step, as for its own preallocated cache
     is_compileable = True
 
     def __init__(self, max_len: int, dtype: torch.dtype | None):
@@ -115,19 +112,17 @@ class _KVLayer(CacheLayerMixin):
 
 
 class KVCache(Cache):
-    """transformers' cache interface over preallocated keys and values, attention handed only
-    the filled prefix (P + t positions at step t); a DynamicCache re-copies itself at every
-    step, a StaticCache hands attention all max_len positions. Under autocast it stores the
-    autocast dtype, what attention is handed either way, cast once when written."""
+    """transformers' cache over preallocated keys and values, attention handed the filled
+    prefix only (a DynamicCache re-copies itself each step, a StaticCache hands attention all
+    max_len positions); under autocast it stores the autocast dtype, cast once when written."""
 
     def __init__(self, n_layers: int, max_len: int, dtype: torch.dtype | None = None):
         super().__init__(layers=[_KVLayer(max_len, dtype) for _ in range(n_layers)])
 
 
 class HFDecoder:
-    """transformers' forward as the decode step, every row through the prefill, over `KVCache`
-    (DynamicCache for sliding-window layers). A stopped row attends on to its own tokens until
-    the loop drops it, as in `model.generate`: only its own logits, unused, depend on them."""
+    """transformers' forward over `KVCache` (DynamicCache for sliding windows). A stopped row
+    attends to its own tokens until dropped, as in `generate`: only its unused logits see them."""
 
     def __init__(self, model, max_len: int, kv_dtype: torch.dtype | None):
         cfg = model.config
@@ -229,8 +224,7 @@ class LeanDecoder:
         return out.logits[:, -1, :].repeat_interleave(G, 0)
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Each buffer replaced by a fresh one of these rows, one at a time: in place, the
-        stopped rows' pages would stay resident; the old buffer goes back to the kernel."""
+        """A fresh buffer of these rows each (in place, dropped rows' pages would stay resident)."""
         b, n, P = len(rows), self.n, self.P
         for buf in self.layers:
             for name in ("k", "v"):
@@ -246,8 +240,7 @@ class LeanDecoder:
         self.G = self.P = None
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """The ops of transformers' forward, in its dtypes, but for attention (autocast off:
-        the step casts by itself)."""
+        """transformers' ops in its dtypes, but for attention (autocast off: it casts itself)."""
         with torch.autocast(tok.device.type, enabled=False):
             logits = self.forward(tok, pos, self.n)
         self.n += 1

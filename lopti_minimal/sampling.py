@@ -4,19 +4,17 @@ sampling temperature, in one loop.
 Design choices:
 
 1. For every sampled token o_t its log pi_old(o_t) *at the rollout temperature*, what the
-   update computes as log pi_theta(o_t), so the ratio is 1 at the first update on fresh
-   samples (a known pitfall: old and new log-probs at different temperatures).
-   ``logprobs=False`` skips them: by default the trainer recomputes pi_old by a
-   teacher-forced forward, the reference's way (under bf16 autocast the incremental logits
-   differ in the last bits).
+   update computes as log pi_theta(o_t), so the first ratio on fresh samples is 1 (a known
+   pitfall: old and new log-probs at different temperatures). ``logprobs=False`` skips them:
+   the trainer recomputes pi_old by a teacher-forced forward by default, the reference's way
+   (under bf16 autocast the incremental logits differ in the last bits).
 2. Our own loop rather than `model.generate`: the log-probs of the full (unfiltered)
    tempered distribution, an explicit torch.Generator for determinism, a loop cheap on a CPU.
 3. One loop (`_decode`), one batched forward per token over all rows: prefill the prompts;
    per token, draw it (`next_token`), record it and its log-prob, feed it to the decode step
-   (decode.py: transformers' forward or the lean step, the same draws; a fast path, read it
-   as the model's forward over one more token); every CHECK_EVERY
-   tokens stop if every row is done, else drop the rows that are (the long tail of a few long
-   responses is not paid for by every row); at the end cut each row after its EOS (`_trim`).
+   (decode.py, a fast path: read it as the model's forward over one more token); every
+   CHECK_EVERY tokens stop if every row is done, else drop those that are (a few long
+   responses' tail is not paid for by every row); at the end cut rows after EOS (`_trim`).
 """
 from __future__ import annotations
 
@@ -42,15 +40,13 @@ def sample_groups(model, prompt_ids: Sequence[Sequence[int]], group_size: int, m
 
     temperature: divides the logits for sampling *and* for the recorded log-probs; None: 1.0.
     top_p, top_k: filter the sampling distribution only (`filter_logits`).
-    eos_token_id: a row stops after it samples EOS (kept and masked in), or at max_new_tokens;
-        the response width R is the longest response actually produced.
-    pad_token_id: fills the stopped rows; it may equal eos_token_id (the mask comes from the
-        first EOS, never from the pad id).
-    generator: a torch.Generator on the model's device: the same draws whichever rows are
-        dropped and whichever decoder.
+    eos_token_id: a row stops after it samples EOS (kept, masked in) or at max_new_tokens;
+        R is the longest response. pad_token_id fills stopped rows (may equal EOS: the mask
+        comes from the first EOS). generator: on the model's device, the same draws whichever
+        rows are dropped and whichever decoder.
     logprobs: record log pi_old(o_t) (Rollout.old_logprobs); False: None, the same tokens.
-    decoder: the decode step (decode.py): "hf" transformers' forward, "lean" the lean step
-        (its samples part from hf's where a logit's last bit decides), "auto" lean on a CPU.
+    decoder: decode.py's step: "hf" transformers' forward, "lean" (its samples part from hf's
+        where a logit's last bit decides), "auto" lean on a CPU.
     """
     temperature = 1.0 if temperature is None else temperature
     if temperature <= 0:
@@ -129,8 +125,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)
-        # Drop a token if the tokens strictly more likely already cover top_p; this keeps
-        # the most likely token always.
+        # drop a token if those strictly more likely cover top_p (the likeliest always stays)
         drop_sorted = (probs.cumsum(-1) - probs) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))

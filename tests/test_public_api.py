@@ -98,3 +98,26 @@ def test_readme_trl_example(tmp_path, monkeypatch):
     trainer = ns["trainer"]
     assert trainer.state.global_step == 2
     assert (trainer.alpha, trainer.eta, trainer.uses_lopti) == (0.3, 0.5, True)
+
+
+def test_the_code_a_reader_follows_stays_short():
+    """The sampler and its decode step stay within 450 lines together, and no function of
+    the core (lopti_minimal/*.py, task/) has more than 60 lines of code (docstring, comments
+    and blank lines not counted): what the tutorial prints is read in one sitting."""
+    import ast
+    pkg = ROOT / "lopti_minimal"
+    n = sum(len((pkg / f).read_text().splitlines()) for f in ("sampling.py", "decode.py"))
+    assert n <= 450, f"sampling.py + decode.py: {n} lines (at most 450)"
+    long = []
+    for path in sorted([*pkg.glob("*.py"), *(pkg / "task").glob("*.py")]):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = node.body[0] if node.body and isinstance(node.body[0], ast.Expr) and \
+                    isinstance(getattr(node.body[0], "value", None), ast.Constant) else None
+                skip = set(range(doc.lineno, doc.end_lineno + 1)) if doc else set()
+                code = [i for i in range(node.lineno, node.end_lineno + 1) if i not in skip
+                        and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#")]
+                if len(code) > 60:
+                    long.append(f"{path.name}:{node.name} ({len(code)})")
+    assert not long, f"functions over 60 lines of code: {long}"
