@@ -44,7 +44,7 @@ from . import host_memory, precision, runs
 from .config import TrainConfig, TrainError, validate
 from .grpo import UpdateMetrics, kl_k3
 from .lopti import low_fraction
-from .lora import load_adapter_state
+from .lora import load_adapter_state, save_adapter
 from .mechanism import Probe
 from .models import ModelLoadError, count_parameters, default_device, load_model_and_tokenizer, \
     set_gradient_checkpointing
@@ -475,6 +475,12 @@ class Run:
             runs.save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, runs.config_to_json(cfg),
                                  cfg.keep_checkpoints)
             runs.save_hf_atomic(model, tokenizer, run_dir / "final")
+        if cfg.lora_rank and not (cfg.steps == self.start_step and (run_dir / "adapter").exists()):
+            # the final policy also as its LoRA adapter alone (peft's layout, a few MB, float32:
+            # what was trained), naming its start: eval.py --model RUN_DIR/adapter loads it
+            save_adapter(model, str(run_dir / "adapter"), base=cfg.model, dtype=torch.float32,
+                         extra={"adapter_of.json": {"run": run_dir.name, "step": cfg.steps}})
+            paths["adapter"] = str(run_dir / "adapter")
         paths["final_model"] = str(run_dir / "final")
         final_eval = None
         if cfg.final_eval:

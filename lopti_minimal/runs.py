@@ -5,6 +5,7 @@
     RUN_DIR/evals.jsonl       one JSON object per evaluation (periodic and final)
     RUN_DIR/ckpt-000010/      HF checkpoint (save_pretrained) + trainer_state.pt (read_state)
     RUN_DIR/final/            the final policy, HF format (load it with eval.py --model)
+    RUN_DIR/adapter/          a LoRA run's final adapter alone (peft layout, float32)
     RUN_DIR/eval_final.json   the final evaluation; summary.json: paths and the final accuracy
     RUN_DIR/eval_heldout_step<N>.json  greedy accuracy on cfg.heldout_data after step N
 

@@ -275,3 +275,24 @@ def test_the_adapter_loader_merges_in_float32_for_a_bf16_load(nano_dir, tmp_path
     assert seen == [torch.float32] and next(loaded.parameters()).dtype == torch.bfloat16
     once = merged_copy(trained).to(torch.bfloat16).state_dict()
     assert all(torch.equal(v, once[k]) for k, v in loaded.state_dict().items())
+
+
+def test_a_lora_run_also_saves_its_adapter_that_names_its_start(nano_dir, tmp_path):
+    """A LoRA run ends with RUN_DIR/adapter (peft's adapter_config.json and weights, float32)
+    beside the merged final/: loaded alone, on its start, it is the same policy as final/."""
+    import json
+    from pathlib import Path
+    from safetensors.torch import load_file
+    from test_trainer import length_reward, small_cfg
+    from lopti_minimal import trainer
+    from lopti_minimal.models import load_model_and_tokenizer
+    cfg = small_cfg(nano_dir, tmp_path, method="grpo", lora_rank=4, steps=1, lr=3e-2, threads=1, device="cpu")
+    res = trainer.train(cfg, reward_fn=length_reward, log=lambda s: None)
+    adapter = Path(res["paths"]["adapter"])
+    saved = json.loads((adapter / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == nano_dir and saved["r"] == 4
+    assert {v.dtype for v in load_file(str(adapter / "adapter_model.safetensors")).values()} == {torch.float32}
+    a, tok = load_model_and_tokenizer(str(adapter), dtype=torch.float32, device="cpu")
+    f, _ = load_model_and_tokenizer(res["paths"]["final_model"], dtype=torch.float32, device="cpu")
+    sa, sf = a.state_dict(), f.state_dict()
+    assert set(sa) == set(sf) and all(torch.allclose(sa[k], sf[k], atol=1e-6, rtol=0) for k in sa)
