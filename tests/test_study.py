@@ -944,3 +944,15 @@ def test_the_declared_test_gives_each_verdict_and_opens_the_report(tmp_path, fak
     text = report.read_text()
     assert text.index("## Findings") < text.index("## Protocol") and "n = 10 seeds)" in text
     assert "minus GRPO+Lopti (η=0.4)**: steps to 80% derivations +2.0, different" in text
+
+
+def test_the_fingerprint_of_an_adapter_start_covers_its_base(tmp_path, fake_model):
+    """A LoRA start (an adapter folder on a base) changes its fingerprint when its base's
+    weights change, not only its own; a plain model's fingerprint is as before."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": fake_model}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora-v1")
+    before, plain = S.model_fingerprint(str(adapter)), S.model_fingerprint(fake_model)
+    (Path(fake_model) / "model.safetensors").write_bytes(b"weights-v2")
+    assert S.model_fingerprint(str(adapter)) != before and S.model_fingerprint(fake_model) != plain

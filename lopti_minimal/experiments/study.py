@@ -74,7 +74,10 @@ DEFAULT_HELDOUT_STEPS = (5, 10)
 
 def model_fingerprint(model: str) -> str:
     """SHA-256 of a local model's weights and tokenizer (a folder or a file); for a hub id,
-    the id itself (it cannot be hashed without downloading it)."""
+    the id itself (it cannot be hashed without downloading it). A LoRA adapter folder
+    (lora.is_adapter_folder) is hashed with its config and its base model's fingerprint: a
+    start is the adapter on its base, and either may change."""
+    from ..lora import adapter_base, is_adapter_folder
     p = Path(model)
     if not p.is_absolute() and not p.exists() and (ROOT / model).exists():
         p = ROOT / model
@@ -82,8 +85,11 @@ def model_fingerprint(model: str) -> str:
         return f"id:{model}"
     files = [p] if p.is_file() else sorted(
         f for f in p.iterdir() if f.is_file() and (f.suffix in (".safetensors", ".bin", ".gguf")
-                                                  or f.name in ("config.json", "tokenizer.json")))
+                                                  or f.name in ("config.json", "tokenizer.json",
+                                                                "adapter_config.json")))
     h = hashlib.sha256()
+    if p.is_dir() and is_adapter_folder(str(p)):
+        h.update(model_fingerprint(adapter_base(str(p))).encode())
     for f in files:
         h.update(f.name.encode())
         with open(f, "rb") as fh:
