@@ -180,3 +180,43 @@ def test_init_continues_from_a_saved_adapter(chat_nano_dir, tmp_path):
     assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in saved.items() if "lora_B" in k)
     with pytest.raises(SystemExit, match="at rank 4, not"):
         lw.init_adapter(small_cfg(chat_nano_dir, tmp_path / "d", init=str(tmp_path / "a"), lora_rank=8))
+
+
+def test_two_behaviour_targets_guess_or_derive_in_phrased_words(chat_nano_dir, tmp_path):
+    """--style two-behaviour (design choice 7): a guess at --guess-share, else a derivation
+    phrased with tail words; every derivation scores 3; the loss is divided by the batch's
+    expected response tokens (a constant), not by its own count."""
+    from lopti_minimal.task import behaviours, phrasing
+    model, tok = load(chat_nano_dir)
+    run = lw.LMWarmStart(small_cfg(chat_nano_dir, tmp_path / "t", style="two-behaviour", guess_share=0.5,
+                                   batch_size=8), model, tok, log=lambda s: None)
+    kinds, phrased = [], 0
+    for _ in range(3):
+        ids, _, mask = run.batch()
+        for row in range(ids.shape[0]):
+            response = tok.decode(ids[row, 1:][mask[row].bool()]).removesuffix("<|im_end|>")
+            kinds.append(behaviours.behaviour_of(response))
+            if kinds[-1] == behaviours.DERIVE:
+                phrased += phrasing.canonical(response) != response
+    assert 0.25 < kinds.count(behaviours.GUESS) / len(kinds) < 0.75 and phrased > 0
+    recs = generate_records(3, 20, seed=11)
+    derived = [r for r in recs if behaviours.behaviour_of(run.target(r)) == behaviours.DERIVE]
+    assert derived and all(reward.score_response(run.target(r), r).total == 3 for r in derived)
+    assert run.target(recs[0]) == lw.targets(run.cfg)(recs[0])                  # deterministic per puzzle
+    assert 8 * 5 < run.normalizer < 8 * 700                                      # batch x mean tokens
+    loss = run.train_step()
+    assert run.history[-1]["loss"] == pytest.approx(loss) and loss > 0
+
+
+def test_guess_share_needs_two_behaviours(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        lw.main(["--out", str(tmp_path / "x"), "--guess-share", "0.7"])
+    assert e.value.code == 2 and "--guess-share is for --style two-behaviour" in capsys.readouterr().err
+
+
+def test_a_two_behaviour_run_resumes_exactly(chat_nano_dir, tmp_path):
+    kw = dict(style="two-behaviour", guess_share=0.5, unsolvable_share=0.3)
+    straight, a = run_steps(small_cfg(chat_nano_dir, tmp_path / "a", **kw))
+    resumed, b = run_steps(small_cfg(chat_nano_dir, tmp_path / "b", **kw), stop_after=2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [h["loss"] for h in straight.history] == [h["loss"] for h in resumed.history]

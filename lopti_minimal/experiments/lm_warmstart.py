@@ -47,6 +47,14 @@ Design choices:
 6. Nothing lost on interruption: the adapter, the optimizer, the generators and the stream
    go to OUT.resume every ``state_every_steps`` steps in runs.read_state's plain-data form
    (resuming runs no code from the file); ``--resume OUT`` goes on exactly where it was.
+7. ``--style two-behaviour`` builds a start the way checkpoints/tiny-warm is built
+   (experiments/warmstart.py): a guess (``--guess-share`` of the targets: the answer at
+   once, random roles) or a derivation phrased freely with a tail word on every line
+   (task/phrasing.py), puzzles without a solution at ``--unsolvable-share``, and the loss
+   divided by a constant, the batch's expected response tokens, so that every token weighs
+   the same. Greedy, such a start guesses; sampled, it sometimes derives, and its phrasing
+   choices are tokens RL samples below pi_old 0.5: a behaviour to select and uncertain tokens,
+   what RL acts on in the tiny model.
 """
 from __future__ import annotations
 
@@ -87,8 +95,14 @@ class LMWarmStartConfig:
     warmup_steps: int = option(10, "linear warmup steps")
     min_lr_ratio: float = 0.1        # cosine floor, as a fraction of lr
     lora_rank: int = option(8, "LoRA rank (lora.add_lora)")
-    style: str = option("compact", "the chain of thought to train: compact (the tiny model's trace) or "
-                        "backtracking (the official, plain English)", choices=("compact", "backtracking"))
+    style: str = option("compact", "the chain of thought to train: compact (the tiny model's trace), "
+                        "backtracking (the official, plain English) or two-behaviour (tiny-warm's recipe: "
+                        "a guess or a freely phrased derivation with tail words, design choice 7)",
+                        choices=("compact", "backtracking", "two-behaviour"))
+    guess_share: float = option(0.0, "two-behaviour: the share of targets that guess (tiny-warm's second "
+                                "stage: 0.7)")
+    unsolvable_share: float = option(0.0, "the share of puzzles without a solution, whose trace runs out of "
+                                     "candidates and ends in a guess (tiny-warm's second stage: 0.05)")
     sizes: tuple = option((2, 3, 4), "people per training puzzle, e.g. 3 or 2,3,4 (one size per "
                           "batch, drawn uniformly)", type=parse_sizes)
     max_response_tokens: int = option(384, "train only on targets of at most this many tokens "
@@ -111,13 +125,30 @@ def lr_at(step: int, cfg: LMWarmStartConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
 
 
-def encode(tokenizer, record: dict, style: str) -> tuple[list[int], int]:
+def encode(tokenizer, record: dict, style: str, target=None) -> tuple[list[int], int]:
     """(prompt + target + end-of-turn ids, prompt length), tokenized as train.py samples:
-    the prompt as models.encode_prompts encodes it, the target (design choice 1) continuing it."""
+    the prompt as models.encode_prompts encodes it, the target (design choice 1; ``target``:
+    a function of the record, else the style's) continuing it."""
     from ..models import adds_bos, kk_prompt
     p = tokenizer(kk_prompt(record, tokenizer), add_special_tokens=adds_bos(tokenizer))["input_ids"]
-    r = tokenizer(target_response(record, style), add_special_tokens=False)["input_ids"]
+    text = target(record) if target else target_response(record, style)
+    r = tokenizer(text, add_special_tokens=False)["input_ids"]
     return p + r + [tokenizer.eos_token_id], len(p)
+
+
+def targets(cfg: LMWarmStartConfig):
+    """The target of a record (design choice 7): the style's text, or for two-behaviour
+    behaviours.TwoBehaviourTargets (a guess with probability guess_share, else a phrased
+    derivation with tail words; deterministic per seed and puzzle, so resume needs no state)."""
+    if cfg.style != "two-behaviour":
+        return lambda record: target_response(record, cfg.style)
+    from ..task.behaviours import TwoBehaviourTargets
+    return TwoBehaviourTargets(cfg.guess_share, phrased=True, seed=cfg.seed, tails=True)
+
+
+# Puzzles whose targets give the loss's constant divisor (two-behaviour, design choice 7),
+# drawn from a stream of their own, so the training stream is the same with or without it.
+NORM_PROBE, NORM_SEED = 64, 7_919
 
 
 def exclude_files(spec: str | None) -> list[str]:
@@ -196,7 +227,10 @@ class LMWarmStart:
             load_adapter_state(self.model, init_adapter(cfg))
         self.model.train()
         self.rng = random.Random(cfg.seed)
-        self.stream = PuzzleStream(cfg.seed, exclude=excluded_keys(cfg.exclude))
+        keys = excluded_keys(cfg.exclude)
+        self.stream = PuzzleStream(cfg.seed, exclude=keys, unsolvable_share=cfg.unsolvable_share)
+        self.target = targets(cfg)
+        self.normalizer = self.expected_tokens(keys) if cfg.style == "two-behaviour" else None
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step, self.skipped, self.history, elapsed = 0, 0, [], 0.0
@@ -212,12 +246,25 @@ class LMWarmStart:
             f"(rank {cfg.lora_rank}), threads {torch.get_num_threads()}")
         self.t0 = time.time() - elapsed         # a resumed run's clock counts its first part
 
+    def expected_tokens(self, keys: set) -> float:
+        """The loss's constant divisor for two behaviours (tiny-warm's, warmstart.py): a batch's
+        expected number of response tokens, batch_size x the mean over NORM_PROBE targets of
+        the first size that fit the budget. A per-batch mean would weigh a short guess's
+        tokens several times a derivation's; with the constant every token weighs the same."""
+        probe = PuzzleStream(self.cfg.seed + NORM_SEED, exclude=keys, unsolvable_share=self.cfg.unsolvable_share)
+        lengths = []
+        while len(lengths) < NORM_PROBE:
+            ids, n_prompt = encode(self.tokenizer, probe.next(self.cfg.sizes[0]), self.cfg.style, self.target)
+            if len(ids) - n_prompt <= self.cfg.max_response_tokens:
+                lengths.append(len(ids) - n_prompt)
+        return self.cfg.batch_size * sum(lengths) / len(lengths)
+
     def batch(self) -> tuple:
         """The next batch: ``batch_size`` puzzles of one size whose target fits the budget."""
         n = self.rng.choice(self.cfg.sizes)
         examples = []
         while len(examples) < self.cfg.batch_size:
-            ids, n_prompt = encode(self.tokenizer, self.stream.next(n), self.cfg.style)
+            ids, n_prompt = encode(self.tokenizer, self.stream.next(n), self.cfg.style, self.target)
             if len(ids) - n_prompt <= self.cfg.max_response_tokens:
                 examples.append((ids, n_prompt))
             else:
@@ -229,15 +276,16 @@ class LMWarmStart:
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.step, self.cfg)
         ids, _, mask = self.batch()
-        loss = response_loss(self.model, ids, mask, self.cfg.bf16)
+        loss = response_loss(self.model, ids, mask, self.cfg.bf16, normalizer=self.normalizer)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
         self.opt.step()
         self.step += 1
-        self.history.append({"step": self.step, "loss": round(loss.item(), 5),
+        per_token = loss.item() * (self.normalizer / mask.sum().item() if self.normalizer else 1.0)
+        self.history.append({"step": self.step, "loss": round(per_token, 5),
                              "lr": self.opt.param_groups[0]["lr"], "seconds": round(time.time() - self.t0, 1)})
-        return loss.item()
+        return per_token
 
     def state(self) -> dict:
         """What --resume needs, as plain data (runs.read_state's form)."""
@@ -265,7 +313,7 @@ class LMWarmStart:
         """The adapter folder, with warmstart.json (the config, the loss curve, the machine)."""
         from ..lora import save_adapter
         info = {"config": asdict(self.cfg), "skipped_targets": self.skipped, "history": self.history,
-                "machine": machine_info()}
+                "loss_normalizer": self.normalizer, "machine": machine_info()}
         save_adapter(self.model, self.cfg.out, base=self.cfg.model, extra={"warmstart.json": info})
         shutil.rmtree(resume_dir(self.cfg.out), ignore_errors=True)     # complete: nothing to resume
         self.log(f"[save] {self.cfg.out} ({self.step} steps, {self.skipped} targets over budget skipped)")
@@ -328,6 +376,10 @@ def main(argv=None) -> int:
         ap.error("--out is required: the adapter folder to write")
     if cfg.steps < 1 or cfg.batch_size < 1 or cfg.lora_rank < 1:
         ap.error("--steps, --batch-size and --lora-rank must be >= 1")
+    if not (0 <= cfg.guess_share < 1 and 0 <= cfg.unsolvable_share < 1):
+        ap.error("--guess-share and --unsolvable-share must lie in [0, 1)")
+    if cfg.guess_share and cfg.style != "two-behaviour":
+        ap.error(f"--guess-share is for --style two-behaviour; --style {cfg.style} has one behaviour")
     exclude_files(cfg.exclude)          # a missing file is refused before the model loads
     torch.set_num_threads(cfg.threads or os.cpu_count())
     torch.manual_seed(cfg.seed)
