@@ -34,12 +34,17 @@ from lopti_minimal.experiments.aggregate import find_runs  # noqa: E402  (the re
 SKIP = ("ckpt-*", "final", "*.png", ".lock")
 
 
-def archive(study: Path, dest: Path) -> list[Path]:
+def archive(study: Path, dest: Path, not_in: Path | None = None) -> list[Path]:
     """Copy each finished run (without SKIP), each preset's top-level .json files and the
-    study's study.json, study_log.jsonl and commit_checks.jsonl.
+    study's study.json, study_log.jsonl and commit_checks.jsonl. ``not_in``: an archive whose
+    runs are left out where its run.json is the same file (the runs a study added to it go
+    to ``dest``, e.g. new seeds kept apart until they are complete).
     Returns the run folders written. Re-running refreshes them (e.g. a new phrasing.json)."""
     written = []
     for run in find_runs(study)[0]:
+        old = not_in / run.relative_to(study) / "run.json" if not_in else None
+        if old is not None and old.exists() and old.read_bytes() == (run / "run.json").read_bytes():
+            continue
         target = dest / run.relative_to(study)
         if target.exists():
             shutil.rmtree(target)
@@ -56,11 +61,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("study", type=Path, help="the study's --out folder")
     ap.add_argument("dest", type=Path, help="the archive folder (e.g. results/study-fixed)")
+    ap.add_argument("--not-in", type=Path, help="leave out the runs this archive already holds (same run.json)")
     a = ap.parse_args(argv)
     if not a.study.is_dir():
         print(f"error: {a.study} is not a folder", file=sys.stderr)
         return 2
-    written = archive(a.study, a.dest)
+    written = archive(a.study, a.dest, a.not_in)
     print(f"{len(written)} finished runs copied to {a.dest} (without {', '.join(SKIP)})")
     return 0
 

@@ -822,6 +822,12 @@ def test_archive_keeps_finished_runs_without_weights(tmp_path):
     assert (out / "warm-start-eval.json").exists()
     assert (tmp_path / "archive" / "study.json").exists()           # the warm start's fingerprint
     assert (tmp_path / "archive" / "study_log.jsonl").exists()      # wall times and machine
+    # --not-in: only the runs another archive does not hold as they are (a rerun's run.json differs)
+    (done / ".lock").write_text("1")
+    assert arch.archive(study, tmp_path / "new", not_in=tmp_path / "archive") == []
+    (done / "run.json").write_text(json.dumps({"kind": runs.RUN_MARKER, "config": {}, "code": "new"}))
+    assert arch.archive(study, tmp_path / "new", not_in=tmp_path / "archive") == [tmp_path / "new" / "cpu-tiny" / "grpo-s0"]
+    assert not (tmp_path / "new" / "cpu-tiny" / "grpo-s0" / ".lock").exists()
 
 
 def test_report_names_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
