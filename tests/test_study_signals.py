@@ -58,8 +58,11 @@ def test_first_sigterm_stops_the_runs_in_flight(tmp_path):
     proc, out, pids = start_study(tmp_path)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)            # a second one while it stops: no hang, no traceback
     proc.wait(timeout=30)                       # not the minute the runs would take
     assert time.monotonic() - t0 < 30 and proc.returncode == 130
+    assert "Traceback" not in proc.stdout.read()
     assert wait_gone(pids, 5) == []
     # each stopped run recorded its interrupted session (it resumes next time)
     for run in out.glob("ci/*-s0"):

@@ -236,10 +236,18 @@ def _quiet_transformers() -> None:
         pass
 
 
+_IN_RUN = False          # in a worker: whether a run is executing (_worker_init's SIGTERM handler)
+
+
 def _execute_in_worker(cfg_json: dict, status: str, train_fn, heldout) -> dict:
     """Process-pool entry point (module level, so it pickles)."""
+    global _IN_RUN
     _quiet_transformers()
-    return execute(config_from_json(cfg_json), status, train_fn, heldout)
+    _IN_RUN = True
+    try:
+        return execute(config_from_json(cfg_json), status, train_fn, heldout)
+    finally:
+        _IN_RUN = False
 
 
 # How often a worker checks that the study that started it is alive (seconds).
@@ -252,7 +260,12 @@ def _worker_init(parent_pid: int) -> None:
     once the study's process is gone (killed with SIGKILL, it could not stop its workers):
     no run goes on, and no process stays behind, without the study that owns it."""
     import threading
-    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+    def on_sigterm(signum, frame):
+        if _IN_RUN:
+            raise KeyboardInterrupt      # execute records the interrupted session
+        os._exit(143)                    # idle: nothing to record, no traceback
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
