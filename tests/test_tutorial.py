@@ -209,3 +209,29 @@ def test_tutorial_runs_end_to_end_and_matches_its_committed_outputs(tmp_path, mo
     # The committed outputs are this code's: the same numbers, to float rounding.
     diff = _mismatches(_summary(committed), s)
     assert not diff, "the committed outputs no longer match the code (" + RERUN + "):\n" + "\n".join(diff)
+
+
+def test_the_study_numbers_in_the_markdown_are_the_reports():
+    """Every interval "[a, b]" in a markdown cell that cites the study's report is one the
+    report or its full tables print (either orientation: "5.4 steps before GRPO [4.0, 6.8]"
+    is the table's -5.4 [-6.8, -4.0]): a number cannot go stale when the archive changes.
+    (A code cell that reads the archive prints its own; tests above compare those.)"""
+    import json
+    import re
+    pattern = re.compile(r"\[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")
+    report = (ROOT / "docs" / "RESULTS.md").read_text() + (ROOT / "results" / "study-fixed" / "RESULTS_TABLES.md").read_text()
+    printed = set()
+    for a, b in pattern.findall(report):
+        a, b = float(a), float(b)
+        printed |= {(a, b), (-b, -a)}
+    cells = json.loads((ROOT / "tutorial.ipynb").read_text())["cells"]
+    stale, checked = [], 0
+    for i, c in enumerate(cells):
+        text = "".join(c["source"])
+        if c["cell_type"] != "markdown" or "RESULTS.md" not in text:
+            continue
+        for a, b in pattern.findall(text):
+            checked += 1
+            if (float(a), float(b)) not in printed:
+                stale.append(f"cell {i}: [{a}, {b}]")
+    assert checked >= 5 and not stale, f"intervals the report does not print: {stale}"
