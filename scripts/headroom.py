@@ -59,6 +59,11 @@ Design choices:
    numbers (not --limit or --threads); lines of other settings are refused, not mixed in.
    A larger --limit later extends the same puzzles (both orders take a prefix; a last chunk
    that was partial is sampled whole again for its new puzzles).
+6. What the tokens below 0.5 are (`low_token_kinds`): each is a phrasing choice (phrasing.
+   choice_spans: a derivation line's optional word or ending, an answer line's mark), else
+   the first token (guess or derive), else a token of the answer block (the roles), else
+   "other" (names, roles tried, checks: the reasoning). AR and Lopti act on these tokens;
+   whether they are the puzzle's decisions or words the reward ignores is what matters.
 
 Bad input (a missing data file, G < 2, a value out of range, a model that does not load):
 one line, exit code 2.
@@ -206,6 +211,46 @@ def sample_chunk(model, tokenizer, records: list[dict], prompt_ids: list[list[in
     return batch, rewards, texts
 
 
+# What a token below pi_old 0.5 is (design choice 6), in this order of precedence.
+LOW_KINDS = ("choice", "first", "answer", "other")
+
+
+def token_spans(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """(the decoded text, each token's character span in it), by decoding growing prefixes:
+    exact for any tokenizer whose prefix decodes are prefixes of the whole (K&K text is
+    ASCII), where one token decoded alone may drop a leading space."""
+    text, spans, start = "", [], 0
+    for k in range(len(ids)):
+        text = tokenizer.decode(ids[:k + 1])
+        spans.append((start, len(text)))
+        start = len(text)
+    return text, spans
+
+
+def low_token_kinds(tokenizer, ids: list[int], low: list[bool]) -> dict:
+    """How many of a response's tokens below 0.5 (``low``) are, first that applies: a
+    phrasing choice (phrasing.choice_spans: a derivation line's optional word or ending,
+    an answer line's mark), the first token (the guess-or-derive decision), a token of the
+    answer block (the roles), or anything else (names, roles tried, checks: reasoning)."""
+    from lopti_minimal.task.phrasing import choice_spans
+    text, spans = token_spans(tokenizer, ids)
+    choices = choice_spans(text)
+    a0 = text.find("<answer>")
+    counts = dict.fromkeys(LOW_KINDS, 0)
+    for k, ((s, e), is_low) in enumerate(zip(spans, low)):
+        if not is_low:
+            continue
+        if any(s < ce and cs < e for cs, ce in choices):
+            counts["choice"] += 1
+        elif k == 0:
+            counts["first"] += 1
+        elif 0 <= a0 <= s:
+            counts["answer"] += 1
+        else:
+            counts["other"] += 1
+    return counts
+
+
 def puzzle_lines(batch, rewards, texts, tokenizer, cfg, puzzles: list[int], records: list[dict]) -> list[dict]:
     """One line per puzzle of a sampled chunk (group-major): its G samples' rewards, token
     counts, cut-offs, and tokens with pi_old below 0.5 and in each of its bins."""
@@ -226,6 +271,8 @@ def puzzle_lines(batch, rewards, texts, tokenizer, cfg, puzzles: list[int], reco
     low, _ = split_by_probability(batch.old_logprobs, mask, LOW_FRACTION_ETA)
     below = low.sum(1).long()
     bins = torch.stack([m.sum(1) for m in bin_masks(batch.old_logprobs.exp(), mask)], 1).long()
+    kinds = [low_token_kinds(tokenizer, batch.response_ids[i, :lengths[i]].tolist(),
+                             low[i, :lengths[i]].bool().tolist()) for i in range(len(lengths))]
     G, out = cfg.group_size, []
     for j, (p, rec) in enumerate(zip(puzzles, records)):
         rows = slice(j * G, (j + 1) * G)
@@ -236,7 +283,8 @@ def puzzle_lines(batch, rewards, texts, tokenizer, cfg, puzzles: list[int], reco
                 "informative": len(set(r)) > 1,       # nonzero GRPO advantage (choice 2)
                 "mixed": 0 < correct < G,             # right and wrong answers
                 "tokens": lengths[rows].tolist(), "cut": cut[rows].tolist(),
-                "below_half": below[rows].tolist(), "bins": bins[rows].tolist()}
+                "below_half": below[rows].tolist(), "bins": bins[rows].tolist(),
+                "below_half_kinds": {k: sum(c[k] for c in kinds[rows]) for k in LOW_KINDS}}
         if texts is not None:
             line["responses"] = texts[rows]
         out.append(line)
@@ -293,9 +341,18 @@ def summarize(lines: list[dict], settings: dict, requested: int, dropped: int) -
         "cut_off": (sum(sum(x["cut"]) for x in lines) / len(lengths)) if lengths else None,
         "tokens": tokens, "eta": LOW_FRACTION_ETA,
         "below_half": below / tokens if tokens else None,
+        # what those tokens are (design choice 6): shares of the tokens below 0.5, from the
+        # puzzles that record it (lines written before it existed do not)
+        "below_half_kinds": _kinds_share(lines),
         "bin_labels": list(BIN_LABELS),
         "bin_share": [b / tokens if tokens else None for b in bins],
     }
+
+
+def _kinds_share(lines: list[dict]) -> dict | None:
+    have = [x["below_half_kinds"] for x in lines if "below_half_kinds" in x]
+    total = sum(sum(k.values()) for k in have)
+    return {k: sum(x[k] for x in have) / total for k in LOW_KINDS} if total else None
 
 
 def format_summary(s: dict) -> str:
@@ -326,6 +383,8 @@ def format_summary(s: dict) -> str:
     if s["tokens"]:
         bins = "  ".join(f"{lab} {v:.3f}" for lab, v in zip(s["bin_labels"], s["bin_share"]))
         lines.append(f"  tokens, pi_old < {s['eta']}       {s['below_half']:.3f}   bins {bins}")
+        if s.get("below_half_kinds"):
+            lines.append("    of them                  " + "  ".join(f"{k} {v:.3f}" for k, v in s["below_half_kinds"].items()))
     if s["dropped_long_prompts"]:
         lines.append(f"  ({s['dropped_long_prompts']} puzzles dropped: prompt longer than max_prompt_len)")
     return "\n".join(lines)

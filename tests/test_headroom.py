@@ -58,6 +58,36 @@ def test_summary_agrees_with_the_per_puzzle_lines(run):
     assert s["cut_off"] == sum(sum(x["cut"]) for x in lines) / (4 * G)
     assert s["lengths"]["all"]["max"] == max(max(x["tokens"]) for x in lines)
     assert s["eta"] == 0.5 and s["machine"]["threads"] >= 1
+    # what the tokens below 0.5 are: every one counted once, in one kind
+    for x in lines:
+        assert sum(x["below_half_kinds"].values()) == sum(x["below_half"])
+    total = sum(sum(x["below_half"]) for x in lines)
+    assert total == 0 or sum(s["below_half_kinds"].values()) == pytest.approx(1.0)
+
+
+def test_low_tokens_are_told_apart_by_what_they_are():
+    """headroom.low_token_kinds on a phrased derivation and a guess of the tiny tokenizer:
+    a token below 0.5 that is a phrasing choice, the first token, a role in the answer, or
+    the reasoning (a name in a check), each in its kind."""
+    import random
+    from transformers import AutoTokenizer
+    from lopti_minimal.task import behaviours, dataset
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "checkpoints" / "tiny-warm"))
+    rec = dataset.generate_records(3, 1, seed=3)[0]
+    text = behaviours.derive_response(rec, random.Random(1), tails=True)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    decoded, spans = hr.token_spans(tok, ids)
+    assert decoded == tok.decode(ids) and spans[-1][1] == len(decoded)
+    words = [decoded[s:e] for s, e in spans]
+
+    def kinds_of(i):
+        return hr.low_token_kinds(tok, ids, [k == i for k in range(len(ids))])
+    then = next(i for i, w in enumerate(words) if w.strip() == "then")       # a tail word
+    name = next(i for i, w in enumerate(words) if i > 3 and w.strip() == rec["names"][0])
+    role = next(i for i, w in enumerate(words) if spans[i][0] > decoded.find("<answer>")
+                and w.strip() in ("knight", "knave"))
+    assert kinds_of(then)["choice"] == 1 and kinds_of(0)["first"] == 1
+    assert kinds_of(name)["other"] == 1 and kinds_of(role)["answer"] == 1
 
 
 def test_a_chunk_is_the_trainers_batch_and_pi_old_its_bits(tmp_path):

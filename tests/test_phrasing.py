@@ -223,3 +223,22 @@ def test_phrasing_correlation_within_methods_removes_the_arms_difference():
     assert c["corr_entropy_heldout"] > 0.9
     assert c["corr_within_methods"] == pytest.approx(-1.0)
     assert pd.correlations([a[:1]])["corr_entropy_heldout"] is None
+
+
+def test_choice_spans_are_where_the_choices_stand():
+    """phrasing.choice_spans: in the thinking, the text under the spans is, in order, every
+    non-empty option `choices` reads back (a verdict without its space); in the answer, one
+    mark per line, as vary_answer writes it."""
+    import random
+    import re
+    from lopti_minimal.task import behaviours, dataset, phrasing
+    for seed, rec in enumerate(dataset.generate_records(4, 5, seed=21)):
+        for text in (behaviours.derive_response(rec, random.Random(seed), tails=True),
+                     behaviours.guess_response(rec, random.Random(seed))):
+            spans = phrasing.choice_spans(text)
+            a0 = text.find("<answer>")
+            under = [text[a:b].strip() for a, b in spans if a < a0]
+            read = [v.strip() for k, vs in phrasing.choices(text).items() if k != "answer mark" for v in vs if v]
+            assert sorted(under) == sorted(read) and (len(under) > 10) == ("try" in text or "let" in text or "go " in text)
+            marks = [text[a:b] for a, b in spans if a > a0]
+            assert len(marks) == len(rec["names"]) and all(re.fullmatch(r"\(\d\)|\d\.|-", m) for m in marks)

@@ -141,6 +141,35 @@ def choices(response: str) -> dict[str, list[str]]:
     return out
 
 
+def choice_spans(response: str) -> list[tuple[int, int]]:
+    """The character spans [start, end) of the phrasing choices a response made (`choices`'
+    options where they stand: node, equals, verdict and tail words, endings, answer marks),
+    so that a token of the response can be told to be a choice or not (scripts/headroom.py:
+    what the tokens below pi_old 0.5 are). Empty options take no span."""
+    spans, pos = [], 0
+    think_end = response.find("</think>")
+    for line in response.split("\n"):
+        if think_end < 0 or pos < think_end:
+            for rx in (_NODE_CHOICE, _CHECK_CHOICE, _CLAIM_CHOICE):
+                m = rx.fullmatch(line)
+                if m:
+                    spans += [(pos + m.start(g), pos + m.end(g)) for g in range(1, len(m.groups()) + 1)
+                              if m.start(g) < m.end(g)]
+                    break
+        pos += len(line) + 1
+    a = response.find("<answer>")
+    if a >= 0:
+        pos = a + len("<answer>")
+        for line in response[pos:].partition("</answer>")[0].split("\n"):
+            lead = len(line) - len(line.lstrip())
+            for rx, _ in _MARKS:
+                if m := rx.match(line[lead:] + " "):
+                    spans.append((pos + lead, pos + lead + len(m.group(0).rstrip())))
+                    break
+            pos += len(line) + 1
+    return sorted(spans)
+
+
 def canonical(text: str) -> str:
     """Every line of a (phrased) derivation in its canonical form."""
     return "\n".join(canonical_line(line) for line in text.split("\n"))
