@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     from lopti_minimal.config import TrainError
-    from lopti_minimal.plumbing import RunFinished
+    from lopti_minimal.run_guard import RunFinished
     from lopti_minimal.precision import NonFiniteError
     from lopti_minimal.trainer import train
     try:

@@ -7,7 +7,8 @@ What lives here:
 - seeds: every random draw of a step derives from (seed, step);
 - data: the cached RL prompt set, or the user's K&K file;
 - the policy on the configured device and dtype;
-- the run directory (runs.py writes the files): checks, a new run or a resumed one
+- the run directory (runs.py writes the files; run_guard.py keeps it true to its name):
+  checks, a new run or a resumed one
   (checkpoint, optimizer, RNG states), the per-step logs, TensorBoard, the evaluation
   hooks, periodic checkpoints, the end (final policy, evaluation, plots, summary);
 - the step's metrics and its one-line summary;
@@ -31,7 +32,6 @@ Design choices (the run directory in full: docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import host_memory, precision, runs
+from . import host_memory, precision, run_guard, runs
 from .config import TrainConfig, TrainError, validate
 from .grpo import UpdateMetrics, kl_k3
 from .lopti import low_fraction
@@ -196,36 +196,6 @@ def resume_config(run_dir, steps: int | None = None, progress: bool | None = Non
     return cfg
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:               # someone else's process: alive
-        return True
-    return True
-
-
-def check_writable(run_dir: Path) -> None:
-    """A new run's folder can be made: its nearest existing parent is a folder in which a
-    folder can be created (one is, and removed at once). TrainError otherwise, before a
-    model is loaded."""
-    import tempfile
-    parent = Path(run_dir).absolute()
-    while not parent.exists():
-        parent = parent.parent
-    try:
-        if not parent.is_dir():
-            raise NotADirectoryError(f"{parent} is a file")
-        os.rmdir(tempfile.mkdtemp(prefix=".lopti-write-check-", dir=parent))
-    except OSError as e:
-        raise TrainError(f"run directory {run_dir}: cannot create it in {parent} ({e.strerror or e})") from None
-
-
-class RunFinished(Exception):
-    """--resume of a run that is finished at the length asked: nothing to do (not an error)."""
-
-
 class Run:
     """One run's directory and everything the loop writes into it (runs.py's layout).
 
@@ -252,7 +222,7 @@ class Run:
             raise TrainError(f"run directory {self.dir} exists and is not empty: pass --resume {self.dir} "
                              "or choose another --run-dir")
         if not resume:
-            check_writable(self.dir)
+            run_guard.check_writable(self.dir)
         # the puzzles of the held-out evaluations along the run, read (and checked) now
         self.heldout = heldout_records(cfg) if cfg.heldout_data else None
         self.metrics_path, self.evals_path = self.dir / "metrics.jsonl", self.dir / "evals.jsonl"
@@ -260,72 +230,18 @@ class Run:
         self.peak_rss_gb = 0.0
         # read now, so that a state file not in plain-data form is refused before a model loads
         self.checkpoint = self.latest_checkpoint() if resume else None
-        self.locked = False
-        if resume:
-            self.check_length()
-            self.lock()
-
-    LOCK = ".lock"
-
-    def lock(self) -> None:
-        """RUN_DIR/.lock holds this process's pid while it writes the run: a second process
-        that would write the same folder (two runs given one --run-dir, two resumes of one
-        run) is refused in one line. A lock whose process is gone (killed) is taken over."""
-        path = self.dir / self.LOCK
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                try:
-                    pid = int(path.read_text() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _alive(pid):
-                    raise TrainError(f"{self.dir} is in use by process {pid} (another run or resume of it): "
-                                     f"wait for it, or delete {path} if that process is gone") from None
-                path.unlink(missing_ok=True)          # left by a killed process
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self.locked = True
-            return
-
-    def unlock(self) -> None:
-        if self.locked:
-            (self.dir / self.LOCK).unlink(missing_ok=True)
-            self.locked = False
-
-    def check_length(self) -> None:
-        """A resume may extend a run, never shrink it: --steps below the latest checkpoint
-        would write that checkpoint's weights under an earlier step's name (TrainError). A
-        finished run resumed at its own length has nothing to do (RunFinished): nothing is
-        written, its final evaluation is not redone."""
-        done = self.checkpoint[0] if self.checkpoint else 0
-        if self.cfg.steps < done:
-            raise TrainError(f"--steps {self.cfg.steps}: {self.dir} has a checkpoint at step {done}; "
-                             "a resume can extend a run, not shrink it (start a new run, or evaluate "
-                             f"a checkpoint with python eval.py --model {self.dir / runs.checkpoints(self.dir)[-1][1].name})")
-        if (self.cfg.steps == done and (self.dir / "final").is_dir() and (self.dir / "summary.json").exists()
-                and (self.dir / "eval_final.json").exists() == bool(self.cfg.final_eval)):
-            raise RunFinished(f"{self.dir} finished at step {done}: nothing to do (--steps N > {done} "
-                              "extends it)")
+        self.lock = run_guard.RunLock(self.dir)
+        if resume:                                # extend, never shrink; one writer at a time
+            run_guard.check_length(self.dir, cfg, self.checkpoint[0] if self.checkpoint else 0)
+            self.lock.acquire()
 
     def check_data(self, data_path: str) -> str:
-        """The RL data's content hash (runs.file_sha256). On resume, equal to the one the run
-        recorded (run.json "data_sha256"), else TrainError: other prompts under the same
-        run would no longer be the run it says it is. allow_changed_data accepts the change;
-        the resumed session records it. Runs from before the record: not checked."""
-        digest = runs.file_sha256(data_path)
-        if self.resume:
-            saved = json.loads((self.dir / "run.json").read_text())
-            known = saved.get("data_sha256")
-            if known and known != digest:
-                if not self.allow_changed_data:
-                    raise TrainError(f"the RL data {data_path} changed since {self.dir} began ({known[:19]} -> "
-                                     f"{digest[:19]}): restore it, start a new run, or pass "
-                                     "--allow-changed-data (recorded in run.json)")
-                self.data_changed = {"data_changed_from": known, "data_sha256": digest}
+        """The RL data's content hash, checked against the run's on resume (run_guard)."""
+        digest, self.data_changed = run_guard.check_data(self.dir, data_path, self.resume, self.allow_changed_data)
         return digest
+
+    def unlock(self) -> None:
+        self.lock.release()
 
     def latest_checkpoint(self) -> tuple | None:
         """(step, folder, its trainer_state.pt) of the run's latest checkpoint, or None (the
@@ -352,7 +268,7 @@ class Run:
                 run_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise TrainError(f"run directory {run_dir}: {e.strerror or e}") from None
-            self.lock()
+            self.lock.acquire()
             if runs.is_run_dir(run_dir):      # another run took this folder while this one loaded
                 self.unlock()
                 raise TrainError(f"run directory {run_dir} now holds another run: choose another --run-dir")

@@ -203,7 +203,7 @@ def rl_step(model, ref, optimizer, tokenizer, records: list[dict], prompt_ids: l
 def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None, allow_changed_data: bool = False) -> dict:
     """Run RL, or with ``resume=True`` continue the run in cfg.run_dir (cfg from
     ``plumbing.resume_config``) after its latest complete checkpoint (a finished run at its
-    length: plumbing.RunFinished; RL data that changed since: TrainError unless
+    length: run_guard.RunFinished; RL data that changed since: TrainError unless
     ``allow_changed_data``). Returns {"run_dir", "metrics": [...], "final_eval", "paths", "config"}.
     reward_fn(text, record) -> float: the Logic-RL total by default (tests plug in others).
     """

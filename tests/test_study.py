@@ -754,7 +754,7 @@ def test_end_to_end_mini_study_on_the_ci_preset(tmp_path, request):
     assert set(rows) == {"grpo", "ar_lopti-a0.3-e0.5"} and rows["ar_lopti-a0.3-e0.5"]["vs_grpo"]["avg"]["n"] == 1
     assert res["presets"]["ci"]["fingerprint"].startswith("sha256:")
     text = rep.read_text() + (out / "RESULTS_TABLES.md").read_text()      # the report, the tables in full
-    assert "GRPO+AR+Lopti (α=0.3, η=0.5)" in text and "too few for a confidence interval" in text
+    assert "GRPO+AR+Lopti (α=0.3, η=0.5)" in text and "too few for an interval" in text
     assert "| method | after step 1 | Δ vs GRPO | final (step 2) | Δ vs GRPO |" in text
     held0 = json.loads((out / "ci" / "warm-start-heldout.json").read_text())["overall"]["accuracy"]
     assert f"The warm start (step 0) scores {held0:.3f}." in text

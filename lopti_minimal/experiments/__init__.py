@@ -11,6 +11,7 @@
     declared.py          the ten-seed study's declared test: families, measures, margins
     aggregate.py         finished runs -> one JSON of tables
     report.py            that JSON -> docs/RESULTS.md (a row per arm), its full tables, figures
+    findings.py          the report's opening: the declared test's findings and table
     mechanism_report.py  the mechanism's per-step metrics in the report
     diagnostics.py       the paper's Fig. 1 and Fig. 3 measurements on any model
                          (python -m lopti_minimal.experiments.diagnostics)

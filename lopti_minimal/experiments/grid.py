@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,6 +251,11 @@ GRID_TITLES = {"main": "Main comparison (the paper's per-method settings)",
                "order": "Sweep: Lopti stage order (low-first = paper, high-first = ablation)",
                "token_fixes": "Beyond the paper: later token-level methods (80/20 entropy, CISPO, "
                               "Clip-Cov, KL-Cov), two optimizer steps per rollout"}
+
+def short(label: str) -> str:
+    """A label as the report's tables give it: "N optimizer steps per rollout" is ×N."""
+    return re.sub(r"(\d+) optimizer steps per rollout", r"×\1", label)
+
 
 # Paper, K&K accuracy per size 3..7 and avg (from Yang et al. 2025, the K&K
 # results table; each one run, accuracy = mean of the last three evaluations).

@@ -17,12 +17,11 @@ Design choices (study.py, design choices 5 and 6):
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from .aggregate import SELECT_AT
-from .declared import MEASURE_WORDS
-from .grid import GRID_TITLES, GRPO, PAPER_KK, portable
+from .findings import declared_rows, declared_section
+from .grid import GRID_TITLES, GRPO, PAPER_KK, portable, short
 from .mechanism_report import plot_mechanism
 from .mechanism_report import tables as mechanism_tables
 from .study_plots import _seed_text, plot_curves, plot_sizes
@@ -305,11 +304,6 @@ PROTOCOL = [
 ]
 
 
-def short(label: str) -> str:
-    """A label as the report's tables give it: "N optimizer steps per rollout" is ×N."""
-    return re.sub(r"(\d+) optimizer steps per rollout", r"×\1", label)
-
-
 def _along(items) -> list[str]:
     """The RL steps after which the trainer evaluated the held-out set, as the items' keys."""
     keys: list[str] = []
@@ -493,59 +487,6 @@ def _compute_line(pr: dict) -> str:
             "files differed from it): " + ", ".join(f"`{c}` ({n} runs)" for c, n in pr.get("code", {}).items()) + ".")
 
 
-MEASURE_DIGITS = {"steps_to_80": 1, "derive_auc": 3, "heldout": 3}
-
-
-def _p(x: float) -> str:
-    return f"{x:.4g}"          # exact p values of a sign-flip test: k / 2^n
-
-
-def _declared_rows(rows: list[dict]) -> list[str]:
-    """The declared test's table: a row per comparison and measure."""
-    lines = ["| A minus B | measure | seeds | mean [95% CI] | per seed | p (Holm) | equivalence p (Holm) | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        dg = MEASURE_DIGITS[r["measure"]]
-        ci = f" [{r['lo']:+.{dg}f}, {r['hi']:+.{dg}f}]" if r["lo"] is not None else ""
-        lines.append(f"| {short(r['a'])} minus {short(r['b'])} | {MEASURE_WORDS[r['measure']]} | {r['n']} | "
-                     f"{r['mean']:+.{dg}f}{ci} | {', '.join(f'{x:+.{dg if dg > 1 else 0}f}' for x in r['diffs'])} | "
-                     f"{_p(r['p'])} ({_p(r['p_holm'])}) | {_p(r['tost'])} ({_p(r['tost_holm'])}) | {r['verdict']} |")
-    return lines
-
-
-def _declared_section(dec: dict, tables_link: str | None) -> list[str]:
-    """The study's answer first: the declared test (docs/STUDY.md) on the primary family,
-    a computed sentence per comparison, the legend; the secondary family in the tables."""
-    prim = dec["families"].get("primary") or []
-    if not prim:
-        return []
-    n = min(r["n"] for r in prim)
-    m = dec["margins"]
-    L = [f"## Findings: what carries Lopti's head start (the declared test, n = {n}"
-         + (f" of the declared {dec['declared_n']} seeds: interim)" if n < dec["declared_n"] else " seeds)"), "",
-         "Declared in [STUDY.md](STUDY.md) before seeds 5-9 ran. Verdicts: **different** where the "
-         "Holm-adjusted exact sign-flip p < 0.05; **equivalent** where two one-sided sign-flip tests "
-         f"(Holm-adjusted) place the mean difference within ±{m['steps_to_80']:g} steps, ±{m['derive_auc']:g} of "
-         f"derivation-share area or ±{m['heldout']:g} of held-out accuracy; **undetermined** otherwise. "
-         f"With {n} seeds the smallest possible p is {2 / 2 ** n:.3g}. Elsewhere, \"not seen\": a 95% "
-         "interval that includes 0.", ""]
-    by_pair: dict = {}
-    for r in prim:
-        by_pair.setdefault((r["a"], r["b"]), []).append(r)
-    for (a, b), rs in by_pair.items():
-        L.append(f"- **{short(a)} minus {short(b)}**: " + "; ".join(
-            f"{MEASURE_WORDS[r['measure']]} {r['mean']:+.{MEASURE_DIGITS[r['measure']]}f}, {r['verdict']}"
-            for r in rs) + ".")
-    L += ["", "The primary family (Lopti alone, eta 0.4):", ""] + _declared_rows(prim) + [""]
-    sec = dec["families"].get("secondary") or []
-    if sec:
-        counts = {v: sum(r["verdict"] == v for r in sec) for v in ("different", "equivalent", "undetermined")}
-        L += [f"The secondary family (the same four for AR+Lopti): {counts['different']} different, "
-              f"{counts['equivalent']} equivalent, {counts['undetermined']} undetermined of {len(sec)}"
-              + (f"; its table: [{tables_link}]({tables_link})." if tables_link else "."), ""]
-    return L
-
-
 def _write(path: Path, lines: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -573,7 +514,7 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
         L += [f"A row per arm here; every table in full: [{tables.name}]({rel(tables)}).", ""]
     for pr in res["presets"].values():
         if pr.get("declared"):
-            L += _declared_section(pr["declared"], rel(tables))
+            L += declared_section(pr["declared"], rel(tables))
     L += ["## Protocol", "", *PROTOCOL, ""]
     T = ["# Full tables: GRPO vs AR vs Lopti on Knights and Knaves", "",
          f"_Every table of the study of the runs in `{res['out']}`, computed from those runs (the paper's "
@@ -610,7 +551,7 @@ def write_report(res: dict, path, figures_dir, plots: bool = True, regenerate: s
         if pr.get("declared", {}).get("families"):
             T += ["### The declared test, both families (docs/STUDY.md)", ""]
             for fam, rows in pr["declared"]["families"].items():
-                T += [f"The {fam} family:", ""] + _declared_rows(rows) + [""]
+                T += [f"The {fam} family:", ""] + declared_rows(rows) + [""]
     (T if res["presets"] else L).extend(      # with runs, the report has the paper beside ours
         ["## The paper's K&K table", "", "From Yang et al. 2025, the K&K results table (one run per method, "
          "4 x 80 GB GPUs, 64 prompts x 8 responses per step, ~350 steps; accuracy = mean of the last three "
