@@ -14,12 +14,12 @@ power lies between the two).
 
 Model: normal differences with the observed standard deviation (the steps are integers, so
 this is an approximation; it says the scale, not the third decimal). Deterministic: a fixed
-seed for the simulation. Reads only metrics.jsonl and eval_heldout.json.
+seed for the simulation. The per-seed differences are the report's (aggregate: the runs paired
+as the declared test pairs them).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,28 +29,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lopti_minimal.experiments import declared, stats  # noqa: E402
-from lopti_minimal.experiments.aggregate import selection  # noqa: E402
+from lopti_minimal.experiments.aggregate import aggregate  # noqa: E402
 
-
-def per_seed(study: Path, preset: str = "cpu-tiny") -> dict:
-    """{(variant name, seed): {measure: value}} of the finished runs in a study folder."""
-    out = {}
-    for run in sorted((study / preset).iterdir()):
-        name, _, seed = run.name.rpartition("-s")
-        if not (run / "metrics.jsonl").exists() or not seed.isdigit():
-            continue
-        metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        v = dict(selection(metrics))
-        held = run / "eval_heldout.json"
-        v["heldout"] = json.loads(held.read_text())["overall"]["accuracy"] if held.exists() else None
-        out[(name, int(seed))] = v
-    return out
-
-
-def differences(values: dict, a, b, measure: str) -> list[float]:
-    seeds = sorted({s for (n, s) in values if n == a.name} & {s for (n, s) in values if n == b.name})
-    return [values[(a.name, s)][measure] - values[(b.name, s)][measure] for s in seeds
-            if values[(a.name, s)][measure] is not None and values[(b.name, s)][measure] is not None]
+MEASURES = declared.PRIMARY_MEASURES + declared.SECONDARY_MEASURES
+# a comparison's place in its family, and its arms' run-folder names, by the report's labels
+order = {(a.label, b.label): i for pairs in declared.FAMILIES.values() for i, (a, b) in enumerate(pairs)}
+names = {v.label: v.name for pairs in declared.FAMILIES.values() for pair in pairs for v in pair}
 
 
 def power(mean: float, sd: float, n: int, margin: float, alpha: float, sims: int, rng) -> tuple:
@@ -70,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=declared.SEEDS, help="seeds of the declared test")
     ap.add_argument("--sims", type=int, default=400, help="simulated studies per cell")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preset", default="cpu-tiny", help="the study's preset")
     ap.add_argument("--margin", action="append", default=[], metavar="MEASURE=VALUE",
                     help="try another margin than the declared one (e.g. steps_to_80=2)")
     a = ap.parse_args(argv)
@@ -79,22 +64,21 @@ def main(argv=None) -> int:
         if k not in margins:
             ap.error(f"--margin {item}: a measure is one of {', '.join(margins)}")
         margins[k] = float(v)
-    values = per_seed(Path(a.study))
+    dec = aggregate(Path(a.study))["presets"][a.preset]["declared"]     # the pairs as the report makes them
     rng = np.random.default_rng(a.seed)
     bonf = declared.ALPHA / (len(declared.PRIMARY) * len(declared.PRIMARY_MEASURES))
     print(f"n = {a.n} seeds; margins {margins}; P[...] at alpha {declared.ALPHA} / at {bonf:g}")
     print("| family | comparison | measure | seeds | mean | sd | P[equivalent if 0] | P[different if mean] |")
     print("|---|---|---|---|---|---|---|---|")
-    for fam, pairs in declared.FAMILIES.items():
-        for a_, b_ in pairs:
-            for m in declared.PRIMARY_MEASURES + declared.SECONDARY_MEASURES:
-                d = differences(values, a_, b_, m)
-                if len(d) < 2:
-                    continue
-                mean, sd = float(np.mean(d)), float(np.std(d, ddof=1))
-                cells = [power(mean, sd, a.n, margins[m], al, a.sims, rng) for al in (declared.ALPHA, bonf)]
-                print(f"| {fam} | {a_.name} - {b_.name} | {m} | {len(d)} | {mean:+.3f} | {sd:.3f} | "
-                      f"{cells[0][0]:.2f} / {cells[1][0]:.2f} | {cells[0][1]:.2f} / {cells[1][1]:.2f} |")
+    for fam, rows in dec["families"].items():
+        for r in sorted(rows, key=lambda r: (order[(r["a"], r["b"])], MEASURES.index(r["measure"]))):
+            d = r["diffs"]
+            if len(d) < 2:
+                continue
+            mean, sd = float(np.mean(d)), float(np.std(d, ddof=1))
+            cells = [power(mean, sd, a.n, margins[r["measure"]], al, a.sims, rng) for al in (declared.ALPHA, bonf)]
+            print(f"| {fam} | {names[r['a']]} - {names[r['b']]} | {r['measure']} | {len(d)} | {mean:+.3f} | {sd:.3f} | "
+                  f"{cells[0][0]:.2f} / {cells[1][0]:.2f} | {cells[0][1]:.2f} / {cells[1][1]:.2f} |")
     return 0
 
 

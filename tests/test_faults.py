@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import train as train_cli
+from test_resume_safety import one_line
 from test_trainer import interrupting_reward, length_reward, small_cfg
 from lopti_minimal import runs, trainer
 from lopti_minimal.task import dataset, kk
@@ -20,12 +21,6 @@ def snapshot(folder: Path) -> dict:
     """{relative path: md5} of every file under ``folder``."""
     return {str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.fixture

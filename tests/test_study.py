@@ -962,3 +962,12 @@ def test_the_fingerprint_of_an_adapter_start_covers_its_base(tmp_path, fake_mode
     before, plain = S.model_fingerprint(str(adapter)), S.model_fingerprint(fake_model)
     (Path(fake_model) / "model.safetensors").write_bytes(b"weights-v2")
     assert S.model_fingerprint(str(adapter)) != before and S.model_fingerprint(fake_model) != plain
+
+
+def test_the_power_statement_reads_the_declared_families(capsys):
+    """scripts/study_power.py on the archive: a row per comparison and measure of both
+    declared families, from the report's own pairs (docs/STUDY.md quotes its numbers)."""
+    from conftest import load_script
+    assert load_script("scripts/study_power.py").main([str(ROOT / "results" / "study-fixed"), "--sims", "20"]) == 0
+    rows = [l for l in capsys.readouterr().out.splitlines() if l.startswith("| primary") or l.startswith("| secondary")]
+    assert len(rows) == 24 and "| primary | lopti-e0.4-random - lopti-e0.4 | steps_to_80 | 5 | +1.000 | 1.414 |" in "\n".join(rows)
