@@ -352,9 +352,8 @@ def run_study(specs: list[RunSpec], out, overrides: dict | None = None, *, train
             import multiprocessing as mp
             from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
             queue = iter(todo)
-            pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                                       initargs=(os.getpid(),))
-            with pool:
+            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                     initargs=(os.getpid(),)) as pool:
                 def submit_next(running: set) -> None:
                     # One run per free worker, submitted when it frees: the pool forwards
                     # submitted calls to its workers ahead of time, and a forwarded call
