@@ -971,3 +971,31 @@ def test_the_power_statement_reads_the_declared_families(capsys):
     assert load_script("scripts/study_power.py").main([str(ROOT / "results" / "study-fixed"), "--sims", "20"]) == 0
     rows = [l for l in capsys.readouterr().out.splitlines() if l.startswith("| primary") or l.startswith("| secondary")]
     assert len(rows) == 24 and "| primary | lopti-e0.4-random - lopti-e0.4 | steps_to_80 | 5 | +1.000 | 1.414 |" in "\n".join(rows)
+
+
+def test_the_declared_test_pairs_by_commit_unless_shown_equal(tmp_path, fake_model):
+    """A seed whose two arms ran at different commits leaves the declared comparison until
+    commit_checks.jsonl holds an EQUAL check of those commits (transitively); the report
+    names the seeds left apart."""
+    out = tmp_path / "study"
+    A_, B_, C_ = "a" * 40, "b" * 40, "c" * 40
+    for seed in range(4):
+        for v, grid, commit in ((G.LOPTI, "main", A_), (G.GRPO_X2, "control", A_ if seed < 2 else C_)):
+            spec = S.RunSpec("ci", v, seed, grid)
+            d = spec.run_dir(out)
+            write_finished(d, S.run_config(spec, out, {"model": fake_model, "steps": 3}), {3: .3}, heldout=.5)
+            rj = json.loads((d / "run.json").read_text())
+            (d / "run.json").write_text(json.dumps({**rj, "code": {"commit": commit, "dirty": False}}))
+
+    def lopti_vs_x2():
+        rows = A.aggregate(out)["presets"]["ci"]["declared"]["families"]["primary"]
+        return next(r for r in rows if r["b"] == G.GRPO_X2.label and r["measure"] == "steps_to_80")
+    r = lopti_vs_x2()
+    assert r["seeds"] == [0, 1] and r["apart"] == [2, 3]
+    runs.append_jsonl(out / "commit_checks.jsonl", {"commit_a": C_, "commit_b": B_, "equal": True})
+    assert lopti_vs_x2()["apart"] == [2, 3]                          # B = C says nothing of A
+    runs.append_jsonl(out / "commit_checks.jsonl", {"commit_a": A_, "commit_b": B_, "equal": True})
+    r = lopti_vs_x2()
+    assert r["seeds"] == [0, 1, 2, 3] and r["apart"] == []           # A = B = C
+    runs.append_jsonl(out / "commit_checks.jsonl", {"commit_a": A_, "commit_b": "d" * 40, "equal": False})
+    assert lopti_vs_x2()["seeds"] == [0, 1, 2, 3]

@@ -23,7 +23,7 @@ import numpy as np
 from .. import runs
 from ..runs import read_jsonl
 from .grid import (GRID_PAIRS, GRIDS, GRPO, HELDOUT_FILE, RUNTIME_FIELDS, VARIANT_FIELDS, Variant,
-                   config_diff, machine_key, portable, same_machine_seeds, setting_key,
+                   code_key, config_diff, machine_key, portable, same_machine_seeds, setting_key,
                    warm_start_eval_path)
 from .mechanism_report import MECH_KEYS, run_scalars
 from .mechanism_report import curves as mechanism_curves
@@ -57,7 +57,7 @@ def read_run(run_dir) -> dict:
     code = run_json.get("code")
     return {"dir": str(run_dir), "preset": cfg.get("preset", "?"), "variant": Variant.from_config(cfg),
             "code": (code["commit"][:12] + ("+changes" if code["dirty"] else "")) if code else "not recorded",
-            "machine": machine_key(run_json),
+            "machine": machine_key(run_json), "code_key": code_key(run_json),
             "seed": int(cfg["seed"]), "config": cfg, "setting": setting_key(cfg),
             "accuracy": acc, "avg": float(np.mean(list(acc.values()))),
             "format_error": _size_mean(ev, "format_error"), "truncated": _size_mean(ev, "truncated"),
@@ -303,7 +303,7 @@ def aggregate(out, window: int = 5) -> dict:
                 if all(r["derive_last"] is not None for r in vr) else None,
             }
         grids = {g: t for g in GRIDS if (t := grid_table(groups, g, sizes, window))}
-        declared = declared_table(groups)         # docs/STUDY.md, "The declared test"
+        declared = declared_table(groups, read_jsonl(out / "commit_checks.jsonl"))   # docs/STUDY.md
         wpath = warm_start_eval_path(out, preset)
         warm = None
         if wpath.exists():

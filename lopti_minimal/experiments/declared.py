@@ -42,34 +42,64 @@ MEASURE_WORDS = {"steps_to_80": "steps to 80% derivations", "derive_auc": "deriv
                  "heldout": "final held-out accuracy"}
 
 
-def _comparison(groups: dict, a, b, measure: str) -> dict | None:
-    """a minus b on one measure, paired by seed over the seeds both ran alike (grid.py,
-    choice 4): the per-seed differences, their mean and 95% t interval, the sign-flip p and
-    the equivalence p within the measure's margin (both before Holm)."""
+def commit_classes(checks: list[dict]) -> dict[str, str]:
+    """{commit (12 characters): its class's name}: commits joined where a rerun at one of them
+    equalled a run at the other value for value (scripts/commit_check.py's EQUAL lines in the
+    study's commit_checks.jsonl), transitively; a class is named by its smallest commit."""
+    parent: dict[str, str] = {}
+
+    def find(c: str) -> str:
+        while parent.setdefault(c, c) != c:
+            c = parent[c]
+        return c
+    for chk in checks:
+        if chk.get("equal") and chk.get("commit_a") and chk.get("commit_b"):
+            x, y = find(chk["commit_a"][:12]), find(chk["commit_b"][:12])
+            parent[max(x, y)] = min(x, y)
+    return {c: find(c) for c in list(parent)}
+
+
+def _code(run: dict, classes: dict) -> str:
+    return " + ".join(classes.get(c, c) for c in run.get("code_key", "not recorded").split(" + "))
+
+
+def _comparison(groups: dict, a, b, measure: str, classes: dict) -> dict | None:
+    """a minus b on one measure, paired by seed over the seeds both ran alike: one kind of
+    CPU, torch and thread count (grid.py, choice 4) and one commit, or commits shown to
+    compute the same (``classes``). The per-seed differences, their mean and 95% t interval,
+    the sign-flip p and the equivalence p within the measure's margin (both before Holm);
+    "apart": the seeds left out because their arms ran at commits not shown equal."""
     if a not in groups or b not in groups:
         return None
     ra, rb = ({r["seed"]: r for r in groups[v]} for v in (a, b))
     both = sorted(set(ra) & set(rb))
     seeds, _ = same_machine_seeds({v: {r["seed"]: r["machine"] for r in groups[v]} for v in (a, b)}, both)
-    seeds = [s for s in seeds if ra[s].get(measure) is not None and rb[s].get(measure) is not None]
+    apart = [s for s in seeds if _code(ra[s], classes) != _code(rb[s], classes)]
+    seeds = [s for s in seeds if s not in apart
+             and ra[s].get(measure) is not None and rb[s].get(measure) is not None]
     diffs = [ra[s][measure] - rb[s][measure] for s in seeds]
     if not diffs:
         return None
     ci = mean_ci(diffs)
-    return {"a": a.label, "b": b.label, "measure": measure, "seeds": seeds, "diffs": diffs, "n": len(diffs),
+    return {"a": a.label, "b": b.label, "measure": measure, "seeds": seeds, "apart": apart, "diffs": diffs,
+            "n": len(diffs),
             "mean": ci["mean"], "lo": ci["lo"], "hi": ci["hi"],
             "p": sign_flip_p(diffs), "tost": tost_p(diffs, MARGINS[measure])}
 
 
-def declared_table(groups: dict) -> dict:
-    """The declared test on the finished runs (``groups``: {Variant: runs}, aggregate's):
-    per family, its comparisons x measures with p and the equivalence p, each Holm-adjusted
-    within the family's primary tests or its held-out tests, and the verdict."""
-    out = {"declared_n": SEEDS, "alpha": ALPHA, "margins": dict(MARGINS), "families": {}}
+def declared_table(groups: dict, checks: list[dict] = ()) -> dict:
+    """The declared test on the finished runs (``groups``: {Variant: runs}, aggregate's;
+    ``checks``: the study's commit checks): per family, its comparisons x measures with p
+    and the equivalence p, each Holm-adjusted within the family's primary tests or its
+    held-out tests, and the verdict."""
+    classes = commit_classes(list(checks))
+    out = {"declared_n": SEEDS, "alpha": ALPHA, "margins": dict(MARGINS), "families": {},
+           "equal_commits": sorted({(c, r) for c, r in classes.items() if c != r})}
     for fam, pairs in FAMILIES.items():
         rows = []
         for measures, kind in ((PRIMARY_MEASURES, "primary"), (SECONDARY_MEASURES, "secondary")):
-            block = [dict(c, kind=kind) for a, b in pairs for m in measures if (c := _comparison(groups, a, b, m))]
+            block = [dict(c, kind=kind) for a, b in pairs for m in measures
+                     if (c := _comparison(groups, a, b, m, classes))]
             for key in ("p", "tost"):
                 for row, adj in zip(block, holm([r[key] for r in block])):
                     row[f"{key}_holm"] = adj

@@ -32,6 +32,22 @@ def declared_rows(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _pairing_line(rows: list[dict], equal: list) -> str:
+    """How the seeds pair: by machine and commit; the commits shown equal; the seeds a
+    comparison leaves apart for their commits."""
+    same = "; ".join(f"{a[:7]} = {b[:7]}" for a, b in equal) or "none yet"
+    apart = {}
+    for r in rows:
+        if r.get("apart"):
+            apart.setdefault(f"{short(r['a'])} minus {short(r['b'])}", r["apart"])
+    text = ("Pairs: a seed's arms on one kind of CPU, torch, thread count and commit (commits that "
+            f"scripts/commit_check.py shows equal count as one: {same}).")
+    if apart:
+        text += " Apart for their commits until checked: " + "; ".join(
+            f"{k}, seed{'s' if len(v) > 1 else ''} {', '.join(map(str, v))}" for k, v in apart.items()) + "."
+    return text
+
+
 def declared_section(dec: dict, tables_link: str | None) -> list[str]:
     """The study's answer first: the declared test (docs/STUDY.md) on the primary family,
     a computed sentence per comparison, the legend; the secondary family in the tables."""
@@ -42,10 +58,10 @@ def declared_section(dec: dict, tables_link: str | None) -> list[str]:
     m = dec["margins"]
     L = [f"## Findings: what carries Lopti's head start (the declared test, n = {n}"
          + (f" of the declared {dec['declared_n']} seeds: interim)" if n < dec["declared_n"] else " seeds)"), "",
-         "Declared in [STUDY.md](STUDY.md) before seeds 5-9 ran. Verdicts: **different** where the "
-         "Holm-adjusted exact sign-flip p < 0.05; **equivalent** where two one-sided sign-flip tests "
-         f"(Holm-adjusted) place the mean difference within ±{m['steps_to_80']:g} steps, ±{m['derive_auc']:g} of "
-         f"derivation-share area or ±{m['heldout']:g} of held-out accuracy; **undetermined** otherwise. "
+         "Declared in [STUDY.md](STUDY.md) before seeds 5-9 ran. **Different**: Holm-adjusted exact "
+         "sign-flip p < 0.05; **equivalent**: two one-sided sign-flip tests (Holm) place the mean "
+         f"difference within ±{m['steps_to_80']:g} steps, ±{m['derive_auc']:g} of derivation-share area or "
+         f"±{m['heldout']:g} of held-out accuracy; **undetermined**: neither. "
          f"With {n} seeds the smallest possible p is {2 / 2 ** n:.3g}. Elsewhere, \"not seen\": a 95% "
          "interval that includes 0.", ""]
     by_pair: dict = {}
@@ -56,10 +72,11 @@ def declared_section(dec: dict, tables_link: str | None) -> list[str]:
             f"{MEASURE_WORDS[r['measure']]} {r['mean']:+.{MEASURE_DIGITS[r['measure']]}f}, {r['verdict']}"
             for r in rs) + ".")
     L += ["", "The primary family (Lopti alone, eta 0.4):", ""] + declared_rows(prim) + [""]
+    L += [_pairing_line(prim, dec.get("equal_commits") or []), ""]
     sec = dec["families"].get("secondary") or []
     if sec:
         counts = {v: sum(r["verdict"] == v for r in sec) for v in ("different", "equivalent", "undetermined")}
         L += [f"The secondary family (the same four for AR+Lopti): {counts['different']} different, "
               f"{counts['equivalent']} equivalent, {counts['undetermined']} undetermined of {len(sec)}"
-              + (f"; its table: [{tables_link}]({tables_link})." if tables_link else "."), ""]
+              + (f" ([full tables]({tables_link}))." if tables_link else "."), ""]
     return L

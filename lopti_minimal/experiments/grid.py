@@ -327,6 +327,16 @@ def machine_key(run_json: dict) -> dict:
     return key
 
 
+def code_key(run_json: dict) -> str:
+    """The commits a run ran at (run.json "code", then each resumed session's), 12 characters
+    each, "+changes" where the checkout was dirty, in order, joined by " + "; "not recorded"
+    for a run from before the record. The declared test pairs a seed's arms by it too
+    (declared.py), commits that a rerun showed to compute the same counting as one."""
+    sessions = [run_json.get("code")] + [r.get("code") for r in run_json.get("resumed", [])]
+    keys = [(c["commit"][:12] + ("+changes" if c.get("dirty") else "")) if c else "not recorded" for c in sessions]
+    return " + ".join(dict.fromkeys(keys))
+
+
 def same_machine_seeds(machines: dict, seeds) -> tuple[list, list[dict]]:
     """Choice 4. ``machines``: {arm: {seed: machine_key}} of the arms compared. Returns (the
     seeds whose arms all share every MACHINE_FIELD, [{"seed", "differs": [fields]}] for the
