@@ -999,3 +999,18 @@ def test_the_declared_test_pairs_by_commit_unless_shown_equal(tmp_path, fake_mod
     assert r["seeds"] == [0, 1, 2, 3] and r["apart"] == []           # A = B = C
     runs.append_jsonl(out / "commit_checks.jsonl", {"commit_a": A_, "commit_b": "d" * 40, "equal": False})
     assert lopti_vs_x2()["seeds"] == [0, 1, 2, 3]
+
+
+def test_the_shipped_report_is_what_the_archive_gives(tmp_path):
+    """docs/RESULTS.md and results/study-fixed/RESULTS_TABLES.md are exactly what the report
+    code writes from the archive (the command in RESULTS.md's header), hand-written block
+    kept: a change of the report or the statistics that is not regenerated fails here."""
+    docs, tables = tmp_path / "docs", tmp_path / "results" / "study-fixed" / "RESULTS_TABLES.md"
+    docs.mkdir()
+    (docs / "RESULTS.md").write_text((ROOT / "docs" / "RESULTS.md").read_text())    # its hand-written block
+    shipped = (ROOT / "docs" / "RESULTS.md").read_text()
+    again = re.search(r"regenerate with `([^`]+)`", shipped).group(1)
+    R.write_report(A.aggregate(ROOT / "results" / "study-fixed"), docs / "RESULTS.md",
+                   docs / "figures" / "study-fixed", regenerate=again, tables=tables)
+    assert (docs / "RESULTS.md").read_text() == shipped
+    assert tables.read_text() == (ROOT / "results" / "study-fixed" / "RESULTS_TABLES.md").read_text()
