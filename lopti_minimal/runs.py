@@ -22,6 +22,9 @@ Design choices:
    start's warmstart_state.pt) is tensors, numbers, strings and plain containers only,
    saved with torch.save and read back by `read_state` with torch.load(weights_only=True),
    which builds data and calls nothing. A file not in that form is refused.
+4. Every .jsonl line is strict JSON (RFC 8259 has no NaN): a non-finite value is written as
+   null and named in the line's ``nonfinite_values``, which read_jsonl turns back into the
+   float; run.json records the RL data's SHA-256 (run_guard.check_data compares it).
 """
 from __future__ import annotations
 
