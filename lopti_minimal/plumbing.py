@@ -31,7 +31,6 @@ Design choices (the run directory in full: docs/ARCHITECTURE.md):
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -313,8 +312,7 @@ class Run:
             ev, _ = self.evaluate(model, tokenizer)
             write_eval_json(ev, self.dir / "eval_before.json")
             self.log("[eval] before RL: " + _eval_text(ev))
-        if self.metrics_path.exists():
-            self.history = [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+        self.history = runs.read_jsonl(self.metrics_path)     # a resumed run's steps so far, as logged
         self.bar = tqdm(total=cfg.steps, initial=self.start_step, desc="RL steps", disable=not cfg.progress,
                         file=sys.stderr, unit="step")
         self.t_run = time.perf_counter()

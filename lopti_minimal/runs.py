@@ -389,8 +389,8 @@ def strict_json_line(obj: dict) -> str:
 
 def restore_nonfinite(obj: dict) -> dict:
     """The inverse of strict_json_line on a parsed line: each value NONFINITE_FIELD names is
-    its float again (the field itself stays, so a reader can tell)."""
-    found = obj.get(NONFINITE_FIELD) if isinstance(obj, dict) else None
+    its float again, and the field goes (the object is the one that was written)."""
+    found = obj.pop(NONFINITE_FIELD, None) if isinstance(obj, dict) else None
     for where, what in (found or {}).items():
         *parents, last = where.split(".")
         node = obj

@@ -159,7 +159,7 @@ def test_the_report_compares_the_mechanism_paired_by_seed(tmp_path):
     R.write_report(res, report, figs)
     text = (tmp_path / "RESULTS_TABLES.md").read_text()             # the mechanism: in the full tables
     assert "| method | rose, A > 0, [0,.25) |" in text
-    assert "0.550 ± " in text and "Δ +0.150 [" in text
+    assert "0.550 ± " in text and "Δ +0.150 (2 of 2 higher)" in text     # two seeds: their signs
     assert (figs / "study-ci-main-mechanism.png").stat().st_size > 1000
 
 
