@@ -44,6 +44,7 @@ if [ ! -d "$OUT" ]; then
   done
   [ -d "$NEW/cpu-tiny" ] && cp -r "$NEW/cpu-tiny/." "$OUT/cpu-tiny/"
   [ -f "$NEW/commit_checks.jsonl" ] && cp "$NEW/commit_checks.jsonl" "$OUT/"
+  [ -f "$NEW/study_log.jsonl" ] && cp "$NEW/study_log.jsonl" "$OUT/"     # the archive's lines and the new ones
 fi
 if [ ! -d "$CHECK" ]; then
   mkdir -p "$CHECK/cpu-tiny"
