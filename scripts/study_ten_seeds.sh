@@ -37,6 +37,7 @@ fi
 
 [ -d "$WT" ] || git worktree add "$WT" "$DECLARED"
 if [ ! -d "$OUT" ]; then
+  mkdir -p "$(dirname "$OUT")"
   cp -r results/study-fixed "$OUT"
   mkdir -p runs/study-old-s5
   for arm in grpo grpo-x2 ar_lopti-a0.3-e0.5; do
