@@ -4,7 +4,6 @@ plumbing.Run, config.validate, task/evaluate.read_records; the study runner's si
 tests/test_study_signals.py)."""
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pytest
