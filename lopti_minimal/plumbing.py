@@ -242,6 +242,12 @@ class Run:
     def unlock(self) -> None:
         self.lock.release()
 
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unlock()                 # the run folder is free again, however the run ended
+
     def latest_checkpoint(self) -> tuple | None:
         """(step, folder, its trainer_state.pt) of the run's latest checkpoint, or None (the
         run starts at step 0). The state is read by runs.read_state, which runs no code

@@ -209,43 +209,35 @@ def train(cfg: TrainConfig, resume: bool = False, reward_fn=None, log=None, allo
     """
     # plumbing: check everything before anything is loaded or written; data first (cheap,
     # and a bad data setting fails before any model loads)
-    run = plumbing.Run(cfg, resume, log, allow_changed_data)
-    try:
-        return _train(run, cfg, reward_fn)
-    finally:
-        run.unlock()                 # plumbing: the run folder is free again (Run.lock)
+    with plumbing.Run(cfg, resume, log, allow_changed_data) as run:   # plumbing: the folder, locked
+        records, data_path = plumbing.rl_prompt_set(cfg, cfg.progress)
+        data_sha256 = run.check_data(data_path)
 
+        # --- paper: the policy, and pi_ref = the frozen *initial* policy (the KL term of
+        #     Eq. 1; always cfg.model, also on resume) ---
+        model, tokenizer = plumbing.load_policy(cfg)
+        ref = precision.reference_copy(model, precision.ref_dtype(cfg)) if cfg.kl_coef else None
+        if cfg.lora_rank:            # after pi_ref: the base model (lora.py, choice 3)
+            model = add_lora(model, cfg.lora_rank, seed=cfg.seed)
+        optimizer = precision.build_optimizer(model, cfg)
 
-def _train(run, cfg: TrainConfig, reward_fn) -> dict:
-    """`train` once its run directory is checked (and, resumed, locked)."""
-    records, data_path = plumbing.rl_prompt_set(cfg, cfg.progress)
-    data_sha256 = run.check_data(data_path)
+        # plumbing: resume from the latest checkpoint, or start the run directory
+        start = run.start(model, optimizer, data_path, data_sha256)
+        records, prompt_ids = encode_prompts(records, tokenizer, cfg.prompt_style, cfg.max_prompt_len)
+        if not records:
+            raise TrainError(f"no RL prompt fits max-prompt-len {cfg.max_prompt_len}: raise it")
+        run.begin(model, tokenizer, len(records), data_path)
 
-    # --- paper: the policy, and pi_ref = the frozen *initial* policy (the KL term of
-    #     Eq. 1; always cfg.model, also on resume) ---
-    model, tokenizer = plumbing.load_policy(cfg)
-    ref = precision.reference_copy(model, precision.ref_dtype(cfg)) if cfg.kl_coef else None
-    if cfg.lora_rank:            # after pi_ref: the base model (lora.py, choice 3)
-        model = add_lora(model, cfg.lora_rank, seed=cfg.seed)
-    optimizer = precision.build_optimizer(model, cfg)
-
-    # plumbing: resume from the latest checkpoint, or start the run directory
-    start = run.start(model, optimizer, data_path, data_sha256)
-    records, prompt_ids = encode_prompts(records, tokenizer, cfg.prompt_style, cfg.max_prompt_len)
-    if not records:
-        raise TrainError(f"no RL prompt fits max-prompt-len {cfg.max_prompt_len}: raise it")
-    run.begin(model, tokenizer, len(records), data_path)
-
-    step = start - 1                 # plumbing: the step a NaN's message names (step + 1)
-    try:
-        for step in range(start, cfg.steps):
-            # --- paper: one RL step on this step's prompts (beyond the paper: `more`, the
-            #     further rounds' prompts of dynamic sampling) ---
-            recs, ids = plumbing.step_prompts(records, prompt_ids, cfg, step)
-            more = functools.partial(plumbing.step_prompts, records, prompt_ids, cfg, step)
-            m = rl_step(model, ref, optimizer, tokenizer, recs, ids, cfg, step, reward_fn, more)
-            run.after_step(m, model, tokenizer, optimizer)     # plumbing: log, evaluate, checkpoint
-        return run.finish(model, tokenizer, optimizer)          # plumbing: final policy, evaluation
-    except precision.NonFiniteError as e:   # plumbing: a NaN stopped the run (precision.py, choice 7)
-        run.stop(e, step + 1)
-        raise
+        step = start - 1                 # plumbing: the step a NaN's message names (step + 1)
+        try:
+            for step in range(start, cfg.steps):
+                # --- paper: one RL step on this step's prompts (beyond the paper: `more`, the
+                #     further rounds' prompts of dynamic sampling) ---
+                recs, ids = plumbing.step_prompts(records, prompt_ids, cfg, step)
+                more = functools.partial(plumbing.step_prompts, records, prompt_ids, cfg, step)
+                m = rl_step(model, ref, optimizer, tokenizer, recs, ids, cfg, step, reward_fn, more)
+                run.after_step(m, model, tokenizer, optimizer)     # plumbing: log, evaluate, checkpoint
+            return run.finish(model, tokenizer, optimizer)          # plumbing: final policy, evaluation
+        except precision.NonFiniteError as e:   # plumbing: a NaN stopped the run (precision.py, choice 7)
+            run.stop(e, step + 1)
+            raise
