@@ -598,7 +598,8 @@ def test_seeds_whose_arms_ran_on_different_machines_leave_the_grid(tmp_path, fak
     R.write_report(A.aggregate(out), report, tmp_path / "figs", plots=False)
     text = report.read_text()
     assert ("Seeds 0, 2 (n = 2 per row). 2 seed(s) left out, their arms having run on different machines "
-            "(the CPU model, torch version or thread count each run recorded): seed 1 (torch differs), "
+            "(the CPU model, torch version or thread count each run recorded) or at commits not shown to "
+            "compute the same (code): seed 1 (torch differs), "
             "3 (cpu, torch, threads differ); every row and its difference from GRPO are over the seeds "
             "above only, a paired comparison below over the seeds its two arms share (named where they "
             "differ).") in text
@@ -974,9 +975,9 @@ def test_the_power_statement_reads_the_declared_families(capsys):
 
 
 def test_the_declared_test_pairs_by_commit_unless_shown_equal(tmp_path, fake_model):
-    """A seed whose two arms ran at different commits leaves the declared comparison until
-    commit_checks.jsonl holds an EQUAL check of those commits (transitively); the report
-    names the seeds left apart."""
+    """A seed whose two arms ran at different commits leaves the declared comparison, and
+    every grid table and pair (grid.py, choice 4), until commit_checks.jsonl holds an EQUAL
+    check of those commits (transitively); the report names the seeds left apart."""
     out = tmp_path / "study"
     A_, B_, C_ = "a" * 40, "b" * 40, "c" * 40
     for seed in range(4):
@@ -990,13 +991,20 @@ def test_the_declared_test_pairs_by_commit_unless_shown_equal(tmp_path, fake_mod
     def lopti_vs_x2():
         rows = A.aggregate(out)["presets"]["ci"]["declared"]["families"]["primary"]
         return next(r for r in rows if r["b"] == G.GRPO_X2.label and r["measure"] == "steps_to_80")
+    def control():
+        return A.aggregate(out)["presets"]["ci"]["grids"]["control"]
     r = lopti_vs_x2()
     assert r["seeds"] == [0, 1] and r["apart"] == [2, 3]
+    t = control()
+    assert t["seeds"] == [0, 1] and t["machine_apart"] == [{"seed": 2, "differs": ["code"]}, {"seed": 3, "differs": ["code"]}]
+    assert t["pairs"][0]["avg"]["seeds"] == [0, 1]                   # Lopti minus GRPO x2, the grid's own pair
     runs.append_jsonl(out / "commit_checks.jsonl", {"commit_a": C_, "commit_b": B_, "equal": True})
     assert lopti_vs_x2()["apart"] == [2, 3]                          # B = C says nothing of A
     runs.append_jsonl(out / "commit_checks.jsonl", {"commit_a": A_, "commit_b": B_, "equal": True})
     r = lopti_vs_x2()
     assert r["seeds"] == [0, 1, 2, 3] and r["apart"] == []           # A = B = C
+    t = control()
+    assert t["seeds"] == [0, 1, 2, 3] and "machine_apart" not in t and t["pairs"][0]["avg"]["seeds"] == [0, 1, 2, 3]
     runs.append_jsonl(out / "commit_checks.jsonl", {"commit_a": A_, "commit_b": "d" * 40, "equal": False})
     assert lopti_vs_x2()["seeds"] == [0, 1, 2, 3]
 

@@ -5,7 +5,8 @@ Design choices (study.py, design choices 5 and 6):
 
 1. Runs are compared only within one setting (grid.setting_key); a run of another setting
    is listed as excluded, with the fields it differs in. A seed whose arms ran on different
-   machines (CPU model, torch, threads) leaves the grid's table (grid.py, choice 4).
+   machines (CPU model, torch, threads), or at commits not shown to compute the same, leaves
+   the grid's table (grid.py, choice 4).
 2. Per grid a balanced table: the seeds all its rows have, means with 95% t intervals, the
    paired difference from GRPO (and the grid's other pairs) with its interval (stats.py).
 3. Reproducible: nothing in the aggregate depends on when or where it is made (no
@@ -27,7 +28,7 @@ from .grid import (GRID_PAIRS, GRIDS, GRPO, HELDOUT_FILE, RUNTIME_FIELDS, VARIAN
                    warm_start_eval_path)
 from .mechanism_report import MECH_KEYS, run_scalars
 from .mechanism_report import curves as mechanism_curves
-from .declared import declared_table
+from .declared import code_class, commit_classes, declared_table
 from .stats import mean_ci, paired_diff, t975
 
 
@@ -263,6 +264,10 @@ def aggregate(out, window: int = 5) -> dict:
     out = Path(out)
     done, unfinished = find_runs(out)
     runs = [read_run(d) for d in done]
+    checks = read_jsonl(out / "commit_checks.jsonl")
+    classes = commit_classes(checks)
+    for r in runs:              # pairing by code too (grid.py, choice 4): the run's commit class
+        r["machine"] = {**r["machine"], "code": code_class(r, classes)}
     by_preset: dict[str, list[dict]] = {}
     for r in runs:
         by_preset.setdefault(r["preset"], []).append(r)
@@ -303,7 +308,7 @@ def aggregate(out, window: int = 5) -> dict:
                 if all(r["derive_last"] is not None for r in vr) else None,
             }
         grids = {g: t for g in GRIDS if (t := grid_table(groups, g, sizes, window))}
-        declared = declared_table(groups, read_jsonl(out / "commit_checks.jsonl"))   # docs/STUDY.md
+        declared = declared_table(groups, checks)   # docs/STUDY.md
         wpath = warm_start_eval_path(out, preset)
         warm = None
         if wpath.exists():

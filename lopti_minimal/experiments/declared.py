@@ -59,8 +59,14 @@ def commit_classes(checks: list[dict]) -> dict[str, str]:
     return {c: find(c) for c in list(parent)}
 
 
-def _code(run: dict, classes: dict) -> str:
+def code_class(run: dict, classes: dict) -> str:
+    """A run's commits (aggregate's "code_key"), each named by its class (commit_classes)."""
     return " + ".join(classes.get(c, c) for c in run.get("code_key", "not recorded").split(" + "))
+
+
+def _machine(run: dict) -> dict:
+    """The run's machine without the code (this test names the seeds apart for their commits)."""
+    return {k: v for k, v in run["machine"].items() if k != "code"}
 
 
 def _comparison(groups: dict, a, b, measure: str, classes: dict) -> dict | None:
@@ -73,8 +79,8 @@ def _comparison(groups: dict, a, b, measure: str, classes: dict) -> dict | None:
         return None
     ra, rb = ({r["seed"]: r for r in groups[v]} for v in (a, b))
     both = sorted(set(ra) & set(rb))
-    seeds, _ = same_machine_seeds({v: {r["seed"]: r["machine"] for r in groups[v]} for v in (a, b)}, both)
-    apart = [s for s in seeds if _code(ra[s], classes) != _code(rb[s], classes)]
+    seeds, _ = same_machine_seeds({v: {r["seed"]: _machine(r) for r in groups[v]} for v in (a, b)}, both)
+    apart = [s for s in seeds if code_class(ra[s], classes) != code_class(rb[s], classes)]
     seeds = [s for s in seeds if s not in apart
              and ra[s].get(measure) is not None and rb[s].get(measure) is not None]
     diffs = [ra[s][measure] - rb[s][measure] for s in seeds]

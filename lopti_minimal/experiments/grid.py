@@ -14,8 +14,10 @@ Design choices:
    all its arms' runs agree in these three (MACHINE_FIELDS; a run that recorded none, made
    before the record existed, agrees only with another such run); the other seeds are left
    out of every row of that grid, and the report says which and which field differs
-   (`same_machine_seeds`). A grid's own paired comparisons (GRID_PAIRS) ask it of their two
-   arms only (aggregate._pair). Not a refusal: a study with one mixed seed keeps its other
+   (`same_machine_seeds`). The same holds for the code: arms of a seed pair only at one
+   commit, or at commits that a rerun showed to compute the same value for value
+   (scripts/commit_check.py's verdicts in OUT/commit_checks.jsonl; PAIR_FIELDS' "code").
+   A grid's own paired comparisons (GRID_PAIRS) ask it of their two arms only (aggregate._pair). Not a refusal: a study with one mixed seed keeps its other
    seeds; results/study-fixed ran each seed of its paired grids on one kind of CPU.
 """
 from __future__ import annotations
@@ -312,6 +314,9 @@ def setting_key(cfg) -> str:
 # intra-op threads. The config's `threads` is a runtime field above: a run's config does not
 # change with it, its arithmetic may (how a kernel splits a reduction).
 MACHINE_FIELDS = ("cpu", "torch", "threads")
+# ... and the code: the study's aggregate adds each run's commit class ("code": one commit, or
+# commits a rerun showed to compute the same, declared.commit_classes) to the key it pairs by.
+PAIR_FIELDS = MACHINE_FIELDS + ("code",)
 
 
 def machine_key(run_json: dict) -> dict:
@@ -338,13 +343,13 @@ def code_key(run_json: dict) -> str:
 
 
 def same_machine_seeds(machines: dict, seeds) -> tuple[list, list[dict]]:
-    """Choice 4. ``machines``: {arm: {seed: machine_key}} of the arms compared. Returns (the
-    seeds whose arms all share every MACHINE_FIELD, [{"seed", "differs": [fields]}] for the
-    others)."""
+    """Choice 4. ``machines``: {arm: {seed: machine_key}} of the arms compared (with "code",
+    PAIR_FIELDS, where the caller adds it). Returns (the seeds whose arms all share every
+    field, [{"seed", "differs": [fields]}] for the others)."""
     keep, apart = [], []
     for s in seeds:
         keys = [by_seed[s] for by_seed in machines.values()]
-        differs = [f for f in MACHINE_FIELDS if len({k[f] for k in keys}) > 1]
+        differs = [f for f in PAIR_FIELDS if len({k.get(f) for k in keys}) > 1]
         if differs:
             apart.append({"seed": s, "differs": differs})
         else:

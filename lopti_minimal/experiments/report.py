@@ -401,7 +401,8 @@ def _machine_text(table: dict) -> str:
     which = ", ".join(f"{a['seed']} ({', '.join(a['differs'])} differ{'s' if len(a['differs']) == 1 else ''})"
                       for a in apart)
     return (f" {len(apart)} seed(s) left out, their arms having run on different machines (the CPU model, "
-            f"torch version or thread count each run recorded): seed {which}; every row and its difference "
+            f"torch version or thread count each run recorded) or at commits not shown to compute the same "
+            f"(code): seed {which}; every row and its difference "
             "from GRPO are over the seeds above only, a paired comparison below over the seeds its two arms "
             "share (named where they differ).")
 
