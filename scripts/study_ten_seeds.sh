@@ -5,6 +5,7 @@
 #   bash scripts/study_ten_seeds.sh               # set up what is missing, then run what is left
 #                                                 (python: the venv of requirements-lock.txt)
 #   PART=archive bash scripts/study_ten_seeds.sh  # keep the finished new runs in results/study-new-seeds
+#   PART=merge bash scripts/study_ten_seeds.sh    # once seeds 5-9 are complete: they join results/study-fixed
 #
 # Why each step:
 # - Every new seed's arms run at one commit, the one whose docs/STUDY.md declared the test
@@ -29,6 +30,20 @@ CHECK=$ROOT/runs/commit-check
 NEW=$ROOT/results/study-new-seeds
 cd "$ROOT"
 
+if [ "${PART:-run}" = merge ]; then       # the report then reads ten seeds; regenerate it
+  missing=0                                # the 12 arms of the new seed 5 (main, control, criterion, isolation)
+  for run in "$NEW"/cpu-tiny/*-s5; do
+    for s in 5 6 7 8 9; do
+      d=$OUT/cpu-tiny/$(basename "${run%-s5}")-s$s
+      [ -f "$d/eval_final.json" ] && [ -f "$d/eval_heldout.json" ] || missing=$((missing + 1))
+    done
+  done
+  [ "$missing" = 0 ] || { echo "$missing runs of seeds 5-9 unfinished: nothing merged" >&2; exit 1; }
+  python scripts/archive_study.py "$OUT" results/study-fixed      # the seed-5 reruns replace df8c722's
+  python scripts/archive_study.py "$CHECK" results/commit-checks   # the reruns behind commit_checks.jsonl
+  git rm -rq results/study-new-seeds
+  exit 0
+fi
 if [ "${PART:-run}" = archive ]; then
   python scripts/archive_study.py "$OUT" "$NEW" --not-in results/study-fixed
   python scripts/archive_study.py "$CHECK" "$NEW/commit-check"
