@@ -8,11 +8,10 @@ What lives here:
 - data: the cached RL prompt set, or the user's K&K file;
 - the policy on the configured device and dtype;
 - the run directory (runs.py writes the files; run_guard.py keeps it true to its name):
-  checks, a new run or a resumed one
-  (checkpoint, optimizer, RNG states), the per-step logs, TensorBoard, the evaluation
-  hooks, periodic checkpoints, the end (final policy, evaluation, plots, summary);
-- the step's metrics and its one-line summary;
-- a non-finite batch or policy: the run stops there, or skips the update (precision.py,
+  checks, a new run or a resumed one (checkpoint, optimizer, RNG states), the per-step
+  logs, TensorBoard, the evaluation hooks, periodic checkpoints, the end (final policy,
+  evaluation, plots, summary);
+- the step's metrics and its one-line summary; a non-finite batch or policy: the run stops there, or skips the update (precision.py,
   choice 7), and says so.
 
 The GPU memory estimate (the table in docs/GPU.md) is gpu_memory.py's.
