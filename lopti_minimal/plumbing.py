@@ -11,8 +11,8 @@ What lives here:
   checks, a new run or a resumed one (checkpoint, optimizer, RNG states), the per-step
   logs, TensorBoard, the evaluation hooks, periodic checkpoints, the end (final policy,
   evaluation, plots, summary);
-- the step's metrics and its one-line summary; a non-finite batch or policy: the run stops there, or skips the update (precision.py,
-  choice 7), and says so.
+- the step's metrics and its one-line summary; a non-finite batch or policy: the run
+  stops there, or skips the update (precision.py, choice 7), and says so.
 
 The GPU memory estimate (the table in docs/GPU.md) is gpu_memory.py's.
 
