@@ -93,7 +93,7 @@ def draw_surrogate_and_kl(policy_loss, kl_k3, cfg) -> None:
     plt.show()
 
 
-def _draw_tokens(ax, tok, response_ids, low_row, n_tok: int, shown: int) -> None:
+def _draw_tokens(ax, tok, response_ids, low_row, shown: int) -> None:
     """One response, token by token, red where ``low_row`` (stage 1), blue elsewhere."""
     ax.axis("off")
     x, y = 0.0, 1.0
@@ -120,7 +120,7 @@ def draw_lopti_stages(tok, batch, row: int, reward_of_row: float, low, bins, cha
     n_tok = int(mask[row].sum())
     shown = min(n_tok, 120)
     ax = fig.add_subplot(grid[0, :])
-    _draw_tokens(ax, tok, batch.response_ids[row], low[row], n_tok, shown)
+    _draw_tokens(ax, tok, batch.response_ids[row], low[row], shown)
     ax.set_title(f"(a) response {row} (reward {reward_of_row:+.0f}), its first {shown} of {n_tok} tokens: "
                  f"red = stage 1 (pi_old < {eta}), blue = stage 2", loc="left", fontsize=10)
     ax = fig.add_subplot(grid[1, 0])
